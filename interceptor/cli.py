@@ -1,0 +1,97 @@
+"""The `interceptor` command. Subcommands import what they need when they run, so `interceptor serve` and
+`interceptor inspect` never load torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["main"]
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from trainer.tiny_model import TinyModelSpec, make_tiny_model
+
+    out = make_tiny_model(args.out, TinyModelSpec(real_vocab=args.real_vocab, seed=args.seed))
+    print(f"wrote a tiny Qwen3 model to {out}")
+    return 0
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from trainer.engine.main import run_engine_from_args
+
+    return run_engine_from_args(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serve_main import run_serve_from_args
+
+    return run_serve_from_args(args)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .inspect import run_inspect_from_args
+
+    return run_inspect_from_args(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from trainer.demo import run_demo_from_args
+
+    return run_demo_from_args(args)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="interceptor", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    tiny = command("make-tiny-model", _make_tiny_model, "write a tiny random Qwen3 model directory (offline)")
+    tiny.add_argument("out")
+    tiny.add_argument("--real-vocab", action="store_true", help="use the real Qwen BPE vocabulary (151k tokens)")
+    tiny.add_argument("--seed", type=int, default=0)
+
+    engine = command("engine", _engine, "serve a local CPU policy with vLLM's /v1/completions contract")
+    engine.add_argument("--model", required=True, help="a transformers model directory")
+    engine.add_argument("--host", default="127.0.0.1")
+    engine.add_argument("--port", type=int, default=8000)
+    engine.add_argument("--served-model-name", default=None)
+    engine.add_argument("--max-model-len", type=int, default=None)
+    engine.add_argument(
+        "--logprobs-mode", choices=("raw_logprobs", "processed_logprobs"), default="raw_logprobs"
+    )
+    engine.add_argument("--max-batch-size", type=int, default=8)
+    engine.add_argument("--threads", type=int, default=1, help="torch threads for generation")
+
+    serve = command("serve", _serve, "run the interception server in front of a policy server")
+    serve.add_argument("--upstream", required=True, help="base URL of vLLM or the local engine (or an OpenAI API)")
+    serve.add_argument("--model", help="the model directory (tokenizer and chat template); interception_gate")
+    serve.add_argument("--mode", choices=("interception_gate", "black_box"), default="interception_gate")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--record", help="JSON Lines file for finished rollouts")
+
+    inspect = command("inspect", _inspect, "summarise a trajectory file, or show one rollout's turns")
+    inspect.add_argument("file")
+    inspect.add_argument("--rollout", help="show this rollout's samples and turns")
+
+    demo = command("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
+    demo.add_argument("--workdir", default="runs/demo")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

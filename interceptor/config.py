@@ -1,0 +1,96 @@
+"""Configuration of the interception server, one frozen keyword-only dataclass per component.
+
+Built in one place (`interceptor serve`'s argument parsing, or by the Python caller); nothing else reads the
+environment. Secrets (the upstream API key, the admin token) are excluded from `repr`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .errors import ConfigError
+
+__all__ = ["Mode", "SamplingSettings", "ServerConfig", "UpstreamConfig"]
+
+Mode = Literal["interception_gate", "black_box"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingSettings:
+    """Per-rollout sampling. A value set here wins over the agent's request (the trainer pins what it trains
+    with); a value left None takes the agent's, then the upstream's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
+            raise ConfigError("temperature must be from 0 to 2")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ConfigError("top_p must be in (0, 1]")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError("max_tokens must be positive")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SamplingSettings:
+        unknown = set(data) - {"temperature", "top_p", "top_k", "max_tokens", "seed"}
+        if unknown:
+            raise ConfigError(f"unknown sampling settings: {sorted(unknown)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpstreamConfig:
+    base_url: str  # e.g. http://127.0.0.1:8000 (vLLM, the local engine) or https://api.example.com (black_box)
+    model: str | None = None  # the upstream's model name; discovered from /v1/models when None
+    api_key: str | None = field(default=None, repr=False)  # black_box only; never taken from the agent
+    request_timeout_s: float = 600.0  # one generation; long, since a CPU policy can be slow
+    connect_timeout_s: float = 10.0
+    attempts: int = 4  # connection errors, 429 and 5xx are retried this many times in all
+    backoff_initial_s: float = 0.25
+    backoff_max_s: float = 4.0
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"upstream URL must be http(s): {self.base_url!r}")
+        if self.attempts < 1:
+            raise ConfigError("attempts must be at least 1")
+
+    @property
+    def root(self) -> str:
+        """The base URL without a trailing `/v1`, so both spellings work."""
+        url = self.base_url.rstrip("/")
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    upstream: UpstreamConfig
+    mode: Mode = "interception_gate"
+    model_dir: Path | None = None  # tokenizer + chat template (interception_gate)
+    chat_template: str | None = None
+    training_template: bool = False  # TRL's prefix-preserving variant of the model's template
+    host: str = "127.0.0.1"
+    port: int = 0
+    public_host: str | None = None  # the host agents use in their base URL, when not `host`
+    admin_token: str | None = field(default=None, repr=False)  # guards /rollouts; None: no HTTP admin API
+    record_path: Path | None = None  # JSON Lines file; every finished rollout is appended and fsynced
+    served_model_name: str = "policy"  # the model id agents see
+    max_model_len: int | None = None  # discovered from the upstream's /v1/models when None
+    default_max_tokens: int = 2048  # when neither the rollout nor the agent sets one
+    max_body_bytes: int = 64 * 1024 * 1024
+    keepalive_s: float = 5.0  # a stream with no answer after this long starts sending SSE comments
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("interception_gate", "black_box"):
+            raise ConfigError(f"unknown mode {self.mode!r}")
+        if self.mode == "interception_gate" and self.model_dir is None:
+            raise ConfigError("interception_gate needs model_dir (the tokenizer and chat template)")
+        if self.keepalive_s <= 0:
+            raise ConfigError("keepalive_s must be positive")

@@ -1,0 +1,93 @@
+"""What a rollout leaves behind: the records written to disk and read back, each type defined once.
+
+A `SampleRecord` is one linear token sequence the policy conditioned on: `input_ids`, `completion_mask` (1 where
+the policy sampled the token), `old_logprobs` (vLLM's logprob of each sampled token, 0.0 where the mask is 0),
+and the turns that built it. A `RolloutRecord` holds one rollout's samples (one per branch of the conversation:
+forks start new samples), its message trace, usage, status and failure cause.
+
+Serialised as JSON Lines with orjson, one rollout per line, tagged with `SCHEMA`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+__all__ = [
+    "SCHEMA",
+    "Failure",
+    "RolloutRecord",
+    "RolloutStatus",
+    "SampleRecord",
+    "TurnRecord",
+]
+
+SCHEMA = "interceptor.rollout/1"
+RolloutStatus = Literal["running", "ok", "failed", "timeout"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnRecord:
+    prompt_start: int  # where this turn's new prompt tokens (mask 0) begin in the sample
+    completion_start: int  # where the sampled tokens (mask 1) begin
+    completion_end: int  # one past the last sampled token
+    finish_reason: str  # stop | length | tool_calls
+    malformed_tool_call: bool
+    model: str
+    policy_version: int
+    seconds: float  # time spent upstream
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SampleRecord:
+    index: int
+    input_ids: list[int]
+    completion_mask: list[int]
+    old_logprobs: list[float]
+    turns: list[TurnRecord]
+    auxiliary: bool  # a side call (different system prompt or tools, e.g. a title request): not for training
+    fork_reason: str | None  # why this sample did not extend an earlier one (None for the first sample)
+
+    def __post_init__(self) -> None:
+        if not len(self.input_ids) == len(self.completion_mask) == len(self.old_logprobs):
+            raise ValueError(f"sample {self.index}: input_ids, completion_mask and old_logprobs differ in length")
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.completion_mask)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    cause: str  # upstream | agent | sandbox | timeout | grader | ...: an infrastructure fault, never a reward
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutRecord:
+    rollout_id: str
+    mode: str
+    status: RolloutStatus
+    samples: list[SampleRecord]
+    trace: list[dict]  # per chat call: the messages new to it, and the assistant message returned
+    usage: dict[str, int]
+    answer: object = None  # what the agent submitted to the `answer` tool (graded on the host)
+    failure: Failure | None = None
+    events: list[dict] = field(default_factory=list)  # context overflows, upstream errors, retries answered
+    metadata: dict = field(default_factory=dict)
+    started_at: float = 0.0
+    finished_at: float | None = None
+    schema: str = SCHEMA
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, data: dict) -> RolloutRecord:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"unknown record schema {data.get('schema')!r}; this reader knows {SCHEMA!r}")
+        samples = [
+            SampleRecord(**{**s, "turns": [TurnRecord(**t) for t in s["turns"]]}) for s in data["samples"]
+        ]
+        failure = Failure(**data["failure"]) if data.get("failure") else None
+        return cls(**{**data, "samples": samples, "failure": failure})

@@ -1,0 +1,150 @@
+"""Rollouts and their secrets.
+
+Each rollout has a random id (part of its URL) and a random bearer secret. `authorize` compares the secret in
+constant time, and one rollout's secret opens nothing else. Finished rollouts keep only a digest of their secret
+and their status, so a late request gets a clear 409 (with the right secret) instead of a confusing 404.
+The secret is never part of a `repr`, a log line or a record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from .config import SamplingSettings
+from .errors import Conflict, NotFound, Unauthorized
+from .records import Failure, RolloutRecord, RolloutStatus
+from .trajectory import Trajectory
+
+__all__ = ["Rollout", "RolloutRegistry", "TurnResult"]
+
+_FINISHED_KEPT = 100_000  # ids remembered after finishing, to answer late requests clearly
+_REPLAYS_KEPT = 8  # answered requests kept per rollout for SDK retries
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    message: dict
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(eq=False)
+class Rollout:
+    id: str
+    secret: str = field(repr=False)
+    mode: str
+    sampling: SamplingSettings
+    metadata: dict
+    trajectory: Trajectory | None  # None in black_box mode
+    started_at: float = field(default_factory=time.time)
+    status: RolloutStatus = "running"
+    answer: object = None
+    answered: bool = False
+    trace: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    upstream_failures: int = 0
+    # request fingerprint -> the answer (or the answer being generated), for SDK retries
+    replays: OrderedDict[int, asyncio.Future] = field(default_factory=OrderedDict)
+    last_messages_keys: list[tuple] = field(default_factory=list)  # black_box trace: what the last call sent
+
+    def remember_replay(self, fingerprint: int, future: asyncio.Future) -> None:
+        self.replays[fingerprint] = future
+        while len(self.replays) > _REPLAYS_KEPT:
+            self.replays.popitem(last=False)
+
+    def note(self, kind: str, **details) -> None:
+        self.events.append({"kind": kind, "at": round(time.time(), 3), **details})
+
+    def to_record(self, *, status: RolloutStatus, failure: Failure | None) -> RolloutRecord:
+        return RolloutRecord(
+            rollout_id=self.id,
+            mode=self.mode,
+            status=status,
+            samples=self.trajectory.samples() if self.trajectory else [],
+            trace=self.trace,
+            usage={
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "turns": len(self.trace),
+            },
+            answer=self.answer,
+            failure=failure,
+            events=self.events,
+            metadata=self.metadata,
+            started_at=self.started_at,
+            finished_at=time.time(),
+        )
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+class RolloutRegistry:
+    def __init__(self) -> None:
+        self._live: dict[str, Rollout] = {}
+        self._finished: OrderedDict[str, tuple[bytes, str]] = OrderedDict()  # id -> (secret digest, status)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def create(self, *, mode: str, sampling: SamplingSettings, metadata: dict, trajectory: Trajectory | None) -> Rollout:
+        rollout_id = secrets.token_hex(8)
+        rollout = Rollout(
+            id=rollout_id,
+            secret=secrets.token_urlsafe(32),
+            mode=mode,
+            sampling=sampling,
+            metadata=metadata,
+            trajectory=trajectory,
+        )
+        self._live[rollout_id] = rollout
+        return rollout
+
+    def authorize(self, rollout_id: str, authorization: str | None) -> Rollout:
+        """The live rollout whose secret is presented as `Authorization: Bearer <secret>`."""
+        presented = _bearer(authorization)
+        rollout = self._live.get(rollout_id)
+        if rollout is not None:
+            if presented is None or not hmac.compare_digest(presented.encode(), rollout.secret.encode()):
+                raise Unauthorized("invalid API key for this rollout")
+            return rollout
+        finished = self._finished.get(rollout_id)
+        if finished is None:
+            raise NotFound(f"no rollout {rollout_id!r}")
+        digest, status = finished
+        if presented is None or not hmac.compare_digest(_digest(presented), digest):
+            raise Unauthorized("invalid API key for this rollout")
+        raise Conflict(f"rollout {rollout_id} has finished ({status}); it takes no more requests")
+
+    def get(self, rollout_id: str) -> Rollout:
+        rollout = self._live.get(rollout_id)
+        if rollout is None:
+            raise NotFound(f"no live rollout {rollout_id!r}")
+        return rollout
+
+    def retire(self, rollout: Rollout, status: RolloutStatus) -> None:
+        self._live.pop(rollout.id, None)
+        rollout.status = status
+        self._finished[rollout.id] = (_digest(rollout.secret), status)
+        while len(self._finished) > _FINISHED_KEPT:
+            self._finished.popitem(last=False)
+
+    def is_finished(self, rollout_id: str) -> bool:
+        return rollout_id in self._finished
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None

@@ -1,0 +1,227 @@
+"""Token-exact trajectory assembly: match each chat request against what was recorded, extend or fork.
+
+A rollout's trajectory is a set of branches; each branch becomes one training sample. For every request:
+
+1. **Retry.** If the same request (messages, tools, sampling) was already answered, or is being answered, the
+   caller replays that answer; nothing is generated or recorded twice.
+2. **Extend.** If the messages start with exactly the conversation a branch recorded (the assistant messages being
+   the ones this server returned) and continue with non-assistant messages only, the prompt is that branch's
+   recorded ids plus the rendered suffix: the template's separator, the new messages, the generation prompt. A
+   turn cut by `length` gets its end-of-turn token first (mask 0), as the template would close it.
+3. **Fork.** Otherwise (compaction, edited history, another system prompt or tool list, a title request, a
+   branch already busy with a concurrent turn) a new branch starts from a full render.
+
+Sampled ids are appended with mask 1 and the upstream's logprobs; everything else has mask 0 and logprob 0.0. So
+every sample is a sequence the policy actually conditioned on, never a splice. Token storage is compact (`array`
+and `bytearray`: 9 bytes per token) because idle rollouts hold it in memory until they finish.
+
+All methods are synchronous: on one event loop, `plan` and `commit` never interleave.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass, field
+
+import orjson
+
+from .records import SampleRecord, TurnRecord
+from .rendering import Renderer
+
+__all__ = ["Generation", "TurnPlan", "Trajectory", "message_key", "tools_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What the policy sampled for one turn, as the upstream returned it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # stop | length
+    model: str
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError("a generation needs exactly one logprob per sampled token")
+
+
+@dataclass(slots=True)
+class _Branch:
+    keys: list[tuple]  # match keys of the messages this branch covers, through its last assistant turn
+    system_key: tuple | None
+    tools_key: bytes
+    fork_reason: str | None
+    ids: array = field(default_factory=lambda: array("i"))
+    mask: bytearray = field(default_factory=bytearray)
+    logprobs: array = field(default_factory=lambda: array("f"))
+    turns: list[TurnRecord] = field(default_factory=list)
+    open_turn: bool = False  # the last turn ended without an end-of-turn token (cut by length)
+    busy: bool = False
+
+    def copy(self, reason: str) -> _Branch:
+        return _Branch(
+            keys=list(self.keys),
+            system_key=self.system_key,
+            tools_key=self.tools_key,
+            fork_reason=reason,
+            ids=array("i", self.ids),
+            mask=bytearray(self.mask),
+            logprobs=array("f", self.logprobs),
+            turns=list(self.turns),
+            open_turn=self.open_turn,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPlan:
+    """A reserved turn: the full prompt to send upstream and where its result goes."""
+
+    branch: _Branch
+    prompt_ids: list[int]  # the whole sequence the policy will condition on
+    new_prompt_ids: list[int]  # the part of it not yet recorded (mask 0)
+    request_keys: list[tuple]
+    forked: bool
+
+
+def message_key(message: dict) -> tuple:
+    """What must be equal for two (normalised) messages to be the same turn of a conversation.
+
+    Assistant messages compare by content and tool calls (arguments as parsed JSON, since agents re-serialise
+    them); reasoning is left out: agents echo it back or drop it, and the recorded ids keep what was sampled.
+    """
+    role = message["role"]
+    if role == "assistant":
+        calls = tuple(
+            (c["function"]["name"], _canonical_arguments(c["function"]["arguments"]))
+            for c in message.get("tool_calls") or ()
+        )
+        return ("assistant", (message.get("content") or "").strip(), calls)
+    return (role, message.get("content", ""), message.get("tool_call_id"))
+
+
+def _canonical_arguments(arguments: str) -> str:
+    try:
+        return orjson.dumps(json.loads(arguments), option=orjson.OPT_SORT_KEYS).decode()
+    except (ValueError, TypeError):
+        return arguments
+
+
+def tools_key(tools: list[dict] | None) -> bytes:
+    return orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b""
+
+
+class Trajectory:
+    def __init__(self, renderer: Renderer, *, stop_ids: frozenset[int]) -> None:
+        self._renderer = renderer
+        self._stop_ids = stop_ids
+        self._branches: list[_Branch] = []
+
+    @property
+    def forks(self) -> int:
+        return max(0, sum(1 for b in self._branches if b.turns) - 1)
+
+    def plan(self, messages: list[dict], tools: list[dict] | None, *, keys: list[tuple], tkey: bytes) -> TurnPlan:
+        """Reserve the next turn for these messages: extend the branch they continue, or fork.
+
+        `keys` and `tkey` are `message_key` of each message and `tools_key(tools)` (the caller has them).
+        """
+        system_key = keys[0] if messages[0]["role"] == "system" else None
+        reason = "first sample" if not self._branches else "history is not an extension of any sample"
+        for branch in reversed(self._branches):
+            n = len(branch.keys)
+            if not branch.turns or branch.tools_key != tkey:
+                continue
+            if len(keys) <= n or keys[:n] != branch.keys:
+                continue
+            if any(k[0] == "assistant" for k in keys[n:]):
+                reason = "history has assistant turns this server did not generate"
+                continue
+            suffix = self._renderer.render_suffix(
+                system=messages[0] if system_key else None,
+                last_assistant=messages[n - 1],
+                new_messages=messages[n:],
+                tools=tools,
+            )
+            if suffix is None:
+                reason = "the chat template closes no turn after the assistant message"
+                break
+            if branch.open_turn:
+                suffix = [self._renderer.end_of_turn_id, *suffix]
+            forked = branch.busy
+            if forked:  # a concurrent turn on the same history: both are real, keep both
+                branch = branch.copy("concurrent turn on the same history")
+                self._branches.append(branch)
+            branch.busy = True
+            return TurnPlan(
+                branch=branch,
+                prompt_ids=[*branch.ids, *suffix],
+                new_prompt_ids=suffix,
+                request_keys=keys,
+                forked=forked,
+            )
+        prompt = self._renderer.render_full(messages, tools)
+        branch = _Branch(
+            keys=[],
+            system_key=system_key,
+            tools_key=tkey,
+            fork_reason=None if not self._branches else reason,
+        )
+        branch.busy = True
+        self._branches.append(branch)
+        return TurnPlan(branch=branch, prompt_ids=prompt, new_prompt_ids=prompt, request_keys=keys, forked=True)
+
+    def commit(self, plan: TurnPlan, generation: Generation, *, returned: dict, finish_reason: str,
+               malformed: bool, policy_version: int) -> None:
+        """Record a generated turn: the new prompt ids (mask 0), then the sampled ids (mask 1, with logprobs)."""
+        branch = plan.branch
+        prompt_start = len(branch.ids)
+        branch.ids.extend(plan.new_prompt_ids)
+        branch.mask.extend(bytes(len(plan.new_prompt_ids)))
+        branch.logprobs.extend(array("f", bytes(4 * len(plan.new_prompt_ids))))
+        completion_start = len(branch.ids)
+        branch.ids.extend(generation.token_ids)
+        branch.mask.extend(b"\x01" * len(generation.token_ids))
+        branch.logprobs.extend(generation.logprobs)
+        branch.turns.append(
+            TurnRecord(
+                prompt_start=prompt_start,
+                completion_start=completion_start,
+                completion_end=len(branch.ids),
+                finish_reason=finish_reason,
+                malformed_tool_call=malformed,
+                model=generation.model,
+                policy_version=policy_version,
+                seconds=round(generation.seconds, 6),
+            )
+        )
+        branch.keys = [*plan.request_keys, message_key(returned)]
+        branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
+        branch.busy = False
+
+    def release(self, plan: TurnPlan) -> None:
+        """Give back a turn that produced nothing (upstream failure, overflow): the branch stays as it was."""
+        plan.branch.busy = False
+        if not plan.branch.turns:
+            self._branches.remove(plan.branch)  # a fork that never got a turn leaves no sample
+
+    def samples(self) -> list[SampleRecord]:
+        branches = [b for b in self._branches if b.turns]
+        primary = next((b for b in branches if b.tools_key), branches[0] if branches else None)
+        return [
+            SampleRecord(
+                index=i,
+                input_ids=b.ids.tolist(),
+                completion_mask=list(b.mask),
+                old_logprobs=b.logprobs.tolist(),
+                turns=list(b.turns),
+                auxiliary=primary is not None
+                and (b.tools_key != primary.tools_key or b.system_key != primary.system_key),
+                fork_reason=b.fork_reason,
+            )
+            for i, b in enumerate(branches)
+        ]
+
+    def recorded_tokens(self) -> int:
+        return sum(len(b.ids) for b in self._branches)

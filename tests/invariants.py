@@ -1,0 +1,33 @@
+"""The invariants of DESIGN.md, checked on a finished rollout record against the calls the policy server saw."""
+
+from __future__ import annotations
+
+import math
+
+from interceptor.records import RolloutRecord
+from tests.fakes import Call
+
+__all__ = ["assert_token_exact"]
+
+
+def assert_token_exact(record: RolloutRecord, calls: list[Call]) -> None:
+    """Every mask-1 token was sampled by the policy given exactly the tokens before it, with the logprob the
+    policy reported; everything else is mask 0 with logprob 0.0; the three arrays have one length."""
+    for sample in record.samples:
+        n = len(sample.input_ids)
+        assert n == len(sample.completion_mask) == len(sample.old_logprobs), f"sample {sample.index}: lengths"
+        sampled_positions = set()
+        for turn in sample.turns:
+            prompt = sample.input_ids[: turn.completion_start]
+            sampled = sample.input_ids[turn.completion_start : turn.completion_end]
+            matches = [c for c in calls if c.prompt_ids == prompt and c.token_ids == sampled]
+            assert matches, f"sample {sample.index}: turn at {turn.completion_start} was never sampled from that prompt"
+            logprobs = sample.old_logprobs[turn.completion_start : turn.completion_end]
+            assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) for a, b in zip(logprobs, matches[0].logprobs))
+            sampled_positions.update(range(turn.completion_start, turn.completion_end))
+        for i in range(n):
+            if i in sampled_positions:
+                assert sample.completion_mask[i] == 1, f"sample {sample.index}: position {i} should be mask 1"
+            else:
+                assert sample.completion_mask[i] == 0, f"sample {sample.index}: position {i} should be mask 0"
+                assert sample.old_logprobs[i] == 0.0

