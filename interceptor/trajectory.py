@@ -128,7 +128,7 @@ class Trajectory:
         `keys` and `tkey` are `message_key` of each message and `tools_key(tools)` (the caller has them).
         """
         system_key = keys[0] if messages[0]["role"] == "system" else None
-        reason = "first sample" if not self._branches else "history is not an extension of any sample"
+        reason = None
         for branch in reversed(self._branches):
             n = len(branch.keys)
             if not branch.turns or branch.tools_key != tkey:
@@ -136,7 +136,7 @@ class Trajectory:
             if len(keys) <= n or keys[:n] != branch.keys:
                 continue
             if any(k[0] == "assistant" for k in keys[n:]):
-                reason = "history has assistant turns this server did not generate"
+                reason = "the new messages hold an assistant turn this server did not generate"
                 continue
             suffix = self._renderer.render_suffix(
                 system=messages[0] if system_key else None,
@@ -166,11 +166,24 @@ class Trajectory:
             keys=[],
             system_key=system_key,
             tools_key=tkey,
-            fork_reason=None if not self._branches else reason,
+            fork_reason=(reason or self._why_not_extended(keys, tkey)) if self._branches else None,
         )
         branch.busy = True
         self._branches.append(branch)
         return TurnPlan(branch=branch, prompt_ids=prompt, new_prompt_ids=prompt, request_keys=keys, forked=True)
+
+    def _why_not_extended(self, keys: list[tuple], tkey: bytes) -> str:
+        latest = next((b for b in reversed(self._branches) if b.turns), None)
+        if latest is None:
+            return "no earlier sample has a finished turn yet"
+        if latest.tools_key != tkey:
+            return "the tool list differs from the latest sample's"
+        for i, (old, new) in enumerate(zip(latest.keys, keys)):
+            if old != new:
+                if old[0] == "assistant":
+                    return f"message {i} is not the assistant turn this server returned"
+                return f"message {i} ({new[0]}) differs from the recorded history"
+        return "the history is shorter than the latest sample's"
 
     def commit(self, plan: TurnPlan, generation: Generation, *, returned: dict, finish_reason: str,
                malformed: bool, policy_version: int) -> None:
