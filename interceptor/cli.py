@@ -75,10 +75,14 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
     serve.add_argument("--record", help="JSON Lines file for finished rollouts")
+    serve.add_argument(
+        "--admin-token-file", help="write the admin token here (mode 0600) when INTERCEPTOR_ADMIN_TOKEN is unset"
+    )
 
     inspect = command("inspect", _inspect, "summarise a trajectory file, or show one rollout's turns")
     inspect.add_argument("file")
     inspect.add_argument("--rollout", help="show this rollout's samples and turns")
+    inspect.add_argument("--model", help="a model directory whose tokenizer decodes the spans")
 
     demo = command("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
     demo.add_argument("--workdir", default="runs/demo")

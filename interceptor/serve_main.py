@@ -1,0 +1,59 @@
+"""`interceptor serve`: the interception server as a standalone process, for a driver in another process.
+
+Configuration comes from the command line; secrets only from the environment (never argv, which other users
+of the machine can read): `INTERCEPTOR_ADMIN_TOKEN` (generated and written to `--admin-token-file` when unset)
+and `INTERCEPTOR_UPSTREAM_API_KEY` (black_box upstreams that need one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+from pathlib import Path
+
+from .config import ServerConfig, UpstreamConfig
+from .server import InterceptionServer
+
+__all__ = ["run_serve_from_args"]
+
+log = logging.getLogger("interceptor.serve")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    admin_token = os.environ.get("INTERCEPTOR_ADMIN_TOKEN") or secrets.token_urlsafe(32)
+    return ServerConfig(
+        upstream=UpstreamConfig(
+            base_url=args.upstream,
+            api_key=os.environ.get("INTERCEPTOR_UPSTREAM_API_KEY"),
+        ),
+        mode=args.mode,
+        model_dir=Path(args.model) if args.model else None,
+        host=args.host,
+        port=args.port,
+        admin_token=admin_token,
+        record_path=Path(args.record) if args.record else None,
+    )
+
+
+async def _serve(config: ServerConfig, token_file: Path | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with InterceptionServer(config) as server:
+        if token_file is not None:
+            token_file.write_text(config.admin_token + "\n")
+            token_file.chmod(0o600)
+        print(f"interception server ({config.mode}) listening on {server.url}", flush=True)
+        await stop.wait()
+
+
+def run_serve_from_args(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = config_from_args(args)
+    asyncio.run(_serve(config, Path(args.admin_token_file) if args.admin_token_file else None))
+    return 0
