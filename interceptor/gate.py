@@ -18,7 +18,7 @@ from .parsing import parse_output
 from .protocol import ChatRequest, assistant_message, finish_reason_for, new_tool_call_id
 from .rendering import Renderer
 from .rollouts import Rollout, TurnResult
-from .trajectory import Generation, TurnPlan, message_key, tools_key
+from .trajectory import Generation, TurnPlan
 from .upstream import UpstreamClient
 
 __all__ = ["Policy", "run_turn"]
@@ -40,10 +40,6 @@ class Policy:
         self.ready.set()
 
 
-def _fingerprint(keys: list[tuple], tkey: bytes, request: ChatRequest) -> int:
-    return hash((tuple(keys), tkey, request.max_tokens, request.temperature, request.top_p, request.seed))
-
-
 def _sampling(rollout: Rollout, request: ChatRequest, *, max_tokens: int) -> dict:
     pinned = rollout.sampling
     fields = {
@@ -55,18 +51,16 @@ def _sampling(rollout: Rollout, request: ChatRequest, *, max_tokens: int) -> dic
     return {"max_tokens": max_tokens, **{k: v for k, v in fields.items() if v is not None}}
 
 
-async def run_turn(policy: Policy, rollout: Rollout, request: ChatRequest) -> TurnResult:
+async def run_turn(policy: Policy, rollout: Rollout, request: ChatRequest, *, fingerprint: int) -> TurnResult:
+    """One turn. `fingerprint` identifies the request (a hash of its body): SDK retries resend the same body."""
     trajectory = rollout.trajectory
     assert trajectory is not None, "run_turn is for interception_gate rollouts"
-    keys = [message_key(m) for m in request.messages]
-    tkey = tools_key(request.tools)
-    fingerprint = _fingerprint(keys, tkey, request)
     earlier = rollout.replays.get(fingerprint)
     if earlier is not None and (not earlier.done() or (not earlier.cancelled() and earlier.exception() is None)):
         rollout.note("retry_answered_from_record")
         return await asyncio.shield(earlier)
 
-    plan = trajectory.plan(request.messages, request.tools, keys=keys, tkey=tkey)
+    plan = trajectory.plan(request.messages, request.tools)
     wanted = rollout.sampling.max_tokens or request.max_tokens
     prompt_len = len(plan.prompt_ids)
     room = policy.max_model_len - prompt_len
@@ -111,7 +105,7 @@ def _record(policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Genera
     parsed = parse_output(text, tools=request.tools)
     message = assistant_message(parsed, [new_tool_call_id() for _ in parsed.calls])
     finish_reason = finish_reason_for(message, generation.finish_reason)
-    known = len(plan.branch.keys)  # messages the branch already covered, before this turn is committed
+    known = len(plan.branch.messages)  # messages the branch already covered, before this turn is committed
     rollout.trajectory.commit(
         plan,
         generation,

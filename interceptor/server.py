@@ -228,11 +228,12 @@ class InterceptionServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         rollout = self._authorize(request)
-        body = parse_json_body(await request.read())
+        raw = await request.read()
+        body = parse_json_body(raw)
         chat = parse_chat_request(body)
         if self.policy is None:
             return await relay_chat(request, self._upstream, rollout, body, chat)
-        turn = run_turn(self.policy, rollout, chat)
+        turn = run_turn(self.policy, rollout, chat, fingerprint=hash(raw))  # SDK retries resend the same bytes
         completion_id = new_completion_id()
         model = self.config.served_model_name
         if chat.stream:

@@ -20,10 +20,12 @@ All methods are synchronous: on one event loop, `plan` and `commit` never interl
 
 from __future__ import annotations
 
+import functools
 import json
 from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 
 from .records import SampleRecord, TurnRecord
@@ -49,8 +51,8 @@ class Generation:
 
 @dataclass(slots=True)
 class _Branch:
-    keys: list[tuple]  # match keys of the messages this branch covers, through its last assistant turn
-    system_key: tuple | None
+    messages: list[dict]  # the conversation this branch covers, through its last assistant turn
+    system: dict | None
     tools_key: bytes
     fork_reason: str | None
     ids: array = field(default_factory=lambda: array("i"))
@@ -62,8 +64,8 @@ class _Branch:
 
     def copy(self, reason: str) -> _Branch:
         return _Branch(
-            keys=list(self.keys),
-            system_key=self.system_key,
+            messages=list(self.messages),
+            system=self.system,
             tools_key=self.tools_key,
             fork_reason=reason,
             ids=array("i", self.ids),
@@ -79,9 +81,9 @@ class TurnPlan:
     """A reserved turn: the full prompt to send upstream and where its result goes."""
 
     branch: _Branch
-    prompt_ids: list[int]  # the whole sequence the policy will condition on
+    prompt_ids: np.ndarray  # int32: the whole sequence the policy will condition on (orjson serialises it in C)
     new_prompt_ids: list[int]  # the part of it not yet recorded (mask 0)
-    request_keys: list[tuple]
+    request_messages: list[dict]
     forked: bool
 
 
@@ -101,6 +103,16 @@ def message_key(message: dict) -> tuple:
     return (role, message.get("content", ""), message.get("tool_call_id"))
 
 
+def _same_history(recorded: list[dict], incoming: list[dict]) -> bool:
+    """Whether `incoming` starts with the `recorded` conversation. Equal dicts compare in C; only messages that
+    differ as dicts (the agent's echo of an assistant turn this server returned) are compared by `message_key`."""
+    n = len(recorded)
+    if incoming[:n] == recorded:
+        return True
+    return all(a == b or message_key(a) == message_key(b) for a, b in zip(recorded, incoming[:n]))
+
+
+@functools.lru_cache(maxsize=4096)
 def _canonical_arguments(arguments: str) -> str:
     try:
         return orjson.dumps(json.loads(arguments), option=orjson.OPT_SORT_KEYS).decode()
@@ -122,24 +134,22 @@ class Trajectory:
     def forks(self) -> int:
         return max(0, sum(1 for b in self._branches if b.turns) - 1)
 
-    def plan(self, messages: list[dict], tools: list[dict] | None, *, keys: list[tuple], tkey: bytes) -> TurnPlan:
-        """Reserve the next turn for these messages: extend the branch they continue, or fork.
-
-        `keys` and `tkey` are `message_key` of each message and `tools_key(tools)` (the caller has them).
-        """
-        system_key = keys[0] if messages[0]["role"] == "system" else None
+    def plan(self, messages: list[dict], tools: list[dict] | None) -> TurnPlan:
+        """Reserve the next turn for these messages: extend the branch they continue, or fork."""
+        tkey = tools_key(tools)
+        system = messages[0] if messages[0]["role"] == "system" else None
         reason = None
         for branch in reversed(self._branches):
-            n = len(branch.keys)
-            if not branch.turns or branch.tools_key != tkey:
+            n = len(branch.messages)
+            if not branch.turns or branch.tools_key != tkey or len(messages) <= n:
                 continue
-            if len(keys) <= n or keys[:n] != branch.keys:
+            if not _same_history(branch.messages, messages):
                 continue
-            if any(k[0] == "assistant" for k in keys[n:]):
+            if any(m["role"] == "assistant" for m in messages[n:]):
                 reason = "the new messages hold an assistant turn this server did not generate"
                 continue
             suffix = self._renderer.render_suffix(
-                system=messages[0] if system_key else None,
+                system=system,
                 last_assistant=messages[n - 1],
                 new_messages=messages[n:],
                 tools=tools,
@@ -156,33 +166,39 @@ class Trajectory:
             branch.busy = True
             return TurnPlan(
                 branch=branch,
-                prompt_ids=[*branch.ids, *suffix],
+                prompt_ids=np.concatenate([np.frombuffer(branch.ids, dtype=np.int32), np.asarray(suffix, np.int32)]),
                 new_prompt_ids=suffix,
-                request_keys=keys,
+                request_messages=messages,
                 forked=forked,
             )
         prompt = self._renderer.render_full(messages, tools)
         branch = _Branch(
-            keys=[],
-            system_key=system_key,
+            messages=[],
+            system=system,
             tools_key=tkey,
-            fork_reason=(reason or self._why_not_extended(keys, tkey)) if self._branches else None,
+            fork_reason=(reason or self._why_not_extended(messages, tkey)) if self._branches else None,
         )
         branch.busy = True
         self._branches.append(branch)
-        return TurnPlan(branch=branch, prompt_ids=prompt, new_prompt_ids=prompt, request_keys=keys, forked=True)
+        return TurnPlan(
+            branch=branch,
+            prompt_ids=np.asarray(prompt, dtype=np.int32),
+            new_prompt_ids=prompt,
+            request_messages=messages,
+            forked=True,
+        )
 
-    def _why_not_extended(self, keys: list[tuple], tkey: bytes) -> str:
+    def _why_not_extended(self, messages: list[dict], tkey: bytes) -> str:
         latest = next((b for b in reversed(self._branches) if b.turns), None)
         if latest is None:
             return "no earlier sample has a finished turn yet"
         if latest.tools_key != tkey:
             return "the tool list differs from the latest sample's"
-        for i, (old, new) in enumerate(zip(latest.keys, keys)):
-            if old != new:
-                if old[0] == "assistant":
+        for i, (old, new) in enumerate(zip(latest.messages, messages)):
+            if old != new and message_key(old) != message_key(new):
+                if old["role"] == "assistant":
                     return f"message {i} is not the assistant turn this server returned"
-                return f"message {i} ({new[0]}) differs from the recorded history"
+                return f"message {i} ({new['role']}) differs from the recorded history"
         return "the history is shorter than the latest sample's"
 
     def commit(self, plan: TurnPlan, generation: Generation, *, returned: dict, finish_reason: str,
@@ -209,7 +225,8 @@ class Trajectory:
                 seconds=round(generation.seconds, 6),
             )
         )
-        branch.keys = [*plan.request_keys, message_key(returned)]
+        # Keep the agent's own copies: next turn it sends the same dicts again, which compare at C speed.
+        branch.messages = [*plan.request_messages, returned]
         branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
         branch.busy = False
 
@@ -230,7 +247,7 @@ class Trajectory:
                 old_logprobs=b.logprobs.tolist(),
                 turns=list(b.turns),
                 auxiliary=primary is not None
-                and (b.tools_key != primary.tools_key or b.system_key != primary.system_key),
+                and (b.tools_key != primary.tools_key or b.system != primary.system),
                 fork_reason=b.fork_reason,
             )
             for i, b in enumerate(branches)

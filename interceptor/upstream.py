@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -80,11 +80,12 @@ class UpstreamClient:
         )
 
     async def _post_json(self, path: str, payload: dict) -> dict:
+        data = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # prompt ids may be a numpy array
         url = self.config.root + path
         try:
             async for attempt in self._retrying():
                 with attempt:
-                    async with self.session.post(url, data=orjson.dumps(payload), headers=self._headers()) as resp:
+                    async with self.session.post(url, data=data, headers=self._headers()) as resp:
                         raw = await resp.read()
                         if resp.status in RETRYABLE_STATUSES:
                             raise _RetryableStatus(resp.status, raw.decode(errors="replace"))
@@ -115,7 +116,7 @@ class UpstreamClient:
             raise UpstreamUnavailable(f"cannot list the models of {self.config.root}: {exc}") from exc
         raise AssertionError("unreachable")
 
-    async def complete(self, *, model: str, prompt_ids: list[int], sampling: Sampling) -> Generation:
+    async def complete(self, *, model: str, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         payload = {
             "model": model,
             "prompt": prompt_ids,

@@ -51,7 +51,7 @@ async def converse(server, upstream, handle, client, replies, actions):
             await client.chat.completions.create(model="p", messages=last_request, tools=TOOLS)
             continue
         if action == "compact" and len(messages) > 4:
-            messages = [messages[0], {"role": "user", "content": "summary; continue"}]
+            messages = [messages[0], {"role": "user", "content": f"summary {step}; continue"}]
         elif action == "edit" and len(messages) > 3:
             for m in messages:
                 if m["role"] == "assistant":
