@@ -86,6 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     demo = command("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
     demo.add_argument("--workdir", default="runs/demo")
+    demo.add_argument("--turns", type=int, default=3, help="chat calls the demo agent makes")
     return parser
 
 

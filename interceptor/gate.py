@@ -46,7 +46,8 @@ def _sampling(rollout: Rollout, request: ChatRequest, *, max_tokens: int) -> dic
         "temperature": pinned.temperature if pinned.temperature is not None else request.temperature,
         "top_p": pinned.top_p if pinned.top_p is not None else request.top_p,
         "top_k": pinned.top_k if pinned.top_k is not None else request.top_k,
-        "seed": pinned.seed if pinned.seed is not None else request.seed,
+        # A rollout's seed makes the rollout reproducible; each turn draws from its own stream (seed + turn number).
+        "seed": pinned.seed + len(rollout.trace) if pinned.seed is not None else request.seed,
     }
     return {"max_tokens": max_tokens, **{k: v for k, v in fields.items() if v is not None}}
 
