@@ -1,8 +1,9 @@
 """The admin API, for a driver in another process: open, inspect and finish rollouts over HTTP.
 
-    POST /rollouts                {"sampling": {...}, "metadata": {...}} -> {"id", "base_url", "secret"}
+    POST /rollouts                {"sampling": {...}, "metadata": {...}} -> {"id", "base_url", "secret", "tools_secret"}
     GET  /rollouts/{id}           -> status, answer, usage, events (no secret, no tokens)
-    POST /rollouts/{id}/finish    {"status": "ok"|"failed"|"timeout", "failure": {"cause", "message"}} -> the record
+    POST /rollouts/{id}/finish    {"status": "ok"|"failed"|"timeout", "failure": {"cause", "message"}, "reward": x}
+                                  -> the record
 
 Guarded by `Authorization: Bearer <admin token>`; without an admin token configured the routes answer 404.
 """
@@ -49,7 +50,10 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
         except (ConfigError, TypeError) as exc:
             raise BadRequest(f"sampling: {exc}", param="sampling") from exc
         handle = server.open_rollout(sampling=sampling, metadata=metadata)
-        return _json({"id": handle.id, "base_url": handle.base_url, "secret": handle.secret}, status=201)
+        return _json(
+            {"id": handle.id, "base_url": handle.base_url, "secret": handle.secret, "tools_secret": handle.tools_secret},
+            status=201,
+        )
 
     async def show_rollout(request: web.Request) -> web.Response:
         authorize(request)
@@ -85,12 +89,21 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
             request.match_info["rid"],
             status=status,
             failure=Failure(cause=failure["cause"], message=failure["message"]) if failure else None,
+            reward=_reward(body.get("reward")),
         )
         return _json(record.to_json_dict())
 
     app.router.add_post("/rollouts", open_rollout)
     app.router.add_get("/rollouts/{rid}", show_rollout)
     app.router.add_post("/rollouts/{rid}/finish", finish_rollout)
+
+
+def _reward(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest("reward must be a number", param="reward")
+    return float(value)
 
 
 def _json(data: object, status: int = 200) -> web.Response:

@@ -72,6 +72,7 @@ class RolloutRecord:
     trace: list[dict]  # per chat call: the messages new to it, and the assistant message returned
     usage: dict[str, int]
     answer: object = None  # what the agent submitted to the `answer` tool (graded on the host)
+    reward: float | None = None  # the host grader's; None when not graded (and always when the rollout failed)
     failure: Failure | None = None
     events: list[dict] = field(default_factory=list)  # context overflows, upstream errors, retries answered
     metadata: dict = field(default_factory=dict)

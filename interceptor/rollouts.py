@@ -1,7 +1,9 @@
 """Rollouts and their secrets.
 
-Each rollout has a random id (part of its URL) and a random bearer secret. `authorize` compares the secret in
-constant time, and one rollout's secret opens nothing else. Finished rollouts keep only a digest of their secret
+Each rollout has a random id (part of its URL) and two random bearer secrets: the chat secret (the agent's API
+key; it opens every endpoint of the rollout) and the tools secret, which opens only `/tools/*`, for programs the
+agent's tools run (an `answer` command) that must not hold a credential to the model. `authorize` compares in
+constant time, and one rollout's secrets open nothing else. Finished rollouts keep only a digest of their secret
 and their status, so a late request gets a clear 409 (with the right secret) instead of a confusing 404.
 The secret is never part of a `repr`, a log line or a record.
 """
@@ -39,6 +41,7 @@ class TurnResult:
 class Rollout:
     id: str
     secret: str = field(repr=False)
+    tools_secret: str = field(repr=False)
     mode: str
     sampling: SamplingSettings
     metadata: dict
@@ -55,6 +58,7 @@ class Rollout:
     # request fingerprint -> the answer (or the answer being generated), for SDK retries
     replays: OrderedDict[int, asyncio.Future] = field(default_factory=OrderedDict)
     last_messages_keys: list[tuple] = field(default_factory=list)  # black_box trace: what the last call sent
+    last_activity: float = field(default_factory=time.monotonic)  # for idle watchdogs: the last authorised request
 
     def remember_replay(self, fingerprint: int, future: asyncio.Future) -> None:
         self.replays[fingerprint] = future
@@ -64,7 +68,7 @@ class Rollout:
     def note(self, kind: str, **details) -> None:
         self.events.append({"kind": kind, "at": round(time.time(), 3), **details})
 
-    def to_record(self, *, status: RolloutStatus, failure: Failure | None) -> RolloutRecord:
+    def to_record(self, *, status: RolloutStatus, failure: Failure | None, reward: float | None) -> RolloutRecord:
         return RolloutRecord(
             rollout_id=self.id,
             mode=self.mode,
@@ -77,6 +81,7 @@ class Rollout:
                 "turns": len(self.trace),
             },
             answer=self.answer,
+            reward=reward,
             failure=failure,
             events=self.events,
             metadata=self.metadata,
@@ -102,6 +107,7 @@ class RolloutRegistry:
         rollout = Rollout(
             id=rollout_id,
             secret=secrets.token_urlsafe(32),
+            tools_secret=secrets.token_urlsafe(32),
             mode=mode,
             sampling=sampling,
             metadata=metadata,
@@ -110,13 +116,16 @@ class RolloutRegistry:
         self._live[rollout_id] = rollout
         return rollout
 
-    def authorize(self, rollout_id: str, authorization: str | None) -> Rollout:
-        """The live rollout whose secret is presented as `Authorization: Bearer <secret>`."""
+    def authorize(self, rollout_id: str, authorization: str | None, *, tools: bool = False) -> Rollout:
+        """The live rollout whose secret is presented as `Authorization: Bearer <secret>`; with `tools`, its tools
+        secret is accepted too."""
         presented = _bearer(authorization)
         rollout = self._live.get(rollout_id)
         if rollout is not None:
-            if presented is None or not hmac.compare_digest(presented.encode(), rollout.secret.encode()):
+            accepted = [rollout.secret, rollout.tools_secret] if tools else [rollout.secret]
+            if presented is None or not any(_same(presented, secret) for secret in accepted):
                 raise Unauthorized("invalid API key for this rollout")
+            rollout.last_activity = time.monotonic()
             return rollout
         finished = self._finished.get(rollout_id)
         if finished is None:
@@ -141,6 +150,10 @@ class RolloutRegistry:
 
     def is_finished(self, rollout_id: str) -> bool:
         return rollout_id in self._finished
+
+
+def _same(presented: str, secret: str) -> bool:
+    return hmac.compare_digest(presented.encode(), secret.encode())
 
 
 def _bearer(authorization: str | None) -> str | None:

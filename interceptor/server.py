@@ -51,7 +51,8 @@ HostTool = Callable[[Rollout, dict], Awaitable[dict]]
 class RolloutHandle:
     id: str
     base_url: str
-    secret: str = ""  # excluded from repr below
+    secret: str = ""  # the agent's API key for this rollout (excluded from repr below)
+    tools_secret: str = ""  # opens only /tools/*: for an `answer` command run by the agent's tools
 
     def __repr__(self) -> str:
         return f"RolloutHandle(id={self.id!r}, base_url={self.base_url!r})"
@@ -175,7 +176,12 @@ class InterceptionServer:
             metadata=metadata or {},
             trajectory=trajectory,
         )
-        return RolloutHandle(id=rollout.id, base_url=f"{self.url}/rollout/{rollout.id}/v1", secret=rollout.secret)
+        return RolloutHandle(
+            id=rollout.id,
+            base_url=f"{self.url}/rollout/{rollout.id}/v1",
+            secret=rollout.secret,
+            tools_secret=rollout.tools_secret,
+        )
 
     def _stop_ids(self) -> frozenset[int]:
         assert self.policy is not None
@@ -189,7 +195,12 @@ class InterceptionServer:
         return self.registry.get(rollout_id)
 
     async def finish_rollout(
-        self, rollout_id: str, *, status: RolloutStatus = "ok", failure: Failure | None = None
+        self,
+        rollout_id: str,
+        *,
+        status: RolloutStatus = "ok",
+        failure: Failure | None = None,
+        reward: float | None = None,
     ) -> RolloutRecord:
         """End a rollout: it takes no more requests, and its record is on disk before this returns.
 
@@ -202,7 +213,7 @@ class InterceptionServer:
         if status != "ok" and failure is None:
             failure = Failure(cause=status, message=f"rollout ended as {status}")
         self.registry.retire(rollout, status)
-        record = rollout.to_record(status=status, failure=failure)
+        record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None)
         if self._recorder is not None:
             await self._recorder.write(record)
         return record
@@ -223,8 +234,8 @@ class InterceptionServer:
     async def _health(self, request: web.Request) -> web.Response:
         return _json({"status": "ok", "mode": self.config.mode, "live_rollouts": len(self.registry)})
 
-    def _authorize(self, request: web.Request) -> Rollout:
-        return self.registry.authorize(request.match_info["rid"], request.headers.get("Authorization"))
+    def _authorize(self, request: web.Request, *, tools: bool = False) -> Rollout:
+        return self.registry.authorize(request.match_info["rid"], request.headers.get("Authorization"), tools=tools)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         rollout = self._authorize(request)
@@ -264,7 +275,7 @@ class InterceptionServer:
         return _json({"object": "list", "data": [model]})
 
     async def _tool(self, request: web.Request) -> web.Response:
-        rollout = self._authorize(request)
+        rollout = self._authorize(request, tools=True)
         name = request.match_info["tool"]
         tool = self.host_tools.get(name)
         if tool is None:

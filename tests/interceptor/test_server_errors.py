@@ -94,6 +94,16 @@ async def test_bad_input_gets_a_4xx_openai_error_and_the_server_keeps_serving(se
     assert status == 200
 
 
+async def test_tools_secret_opens_the_tools_endpoint_and_nothing_else(server, http):
+    mine, other = server.open_rollout(), server.open_rollout()
+    status, _ = await post(http, mine.base_url + "/tools/answer", {"answer": 1}, mine.tools_secret)
+    assert status == 200
+    status, body = await post(http, mine.base_url + CHAT, GOOD, mine.tools_secret)
+    assert status == 401
+    status, _ = await post(http, other.base_url + "/tools/answer", {"answer": 1}, mine.tools_secret)
+    assert status == 401
+
+
 async def test_context_overflow_is_openai_shaped_and_recorded(server, http, scripted):
     handle = server.open_rollout()
     status, body = await post(http, handle.base_url + CHAT, {**GOOD, "max_tokens": 100_000}, handle.secret)
@@ -182,7 +192,7 @@ async def test_admin_api_opens_and_finishes_rollouts_and_records_are_durable(ser
     status, _ = await post(http, server.url + "/rollouts", {}, "wrong")
     assert status == 401
     status, opened = await post(http, server.url + "/rollouts", {"sampling": {"temperature": 0.5}}, admin)
-    assert status == 201 and set(opened) == {"id", "base_url", "secret"}
+    assert status == 201 and set(opened) == {"id", "base_url", "secret", "tools_secret"}
     status, _ = await post(http, opened["base_url"] + CHAT, GOOD, opened["secret"])
     assert status == 200
     assert scripted.calls[-1].body["temperature"] == 0.5  # the rollout's pinned sampling wins
