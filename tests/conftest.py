@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import ScriptedUpstream
+from tests.vllm_fixtures import vllm_server  # noqa: F401  (session-scoped real vLLM, for tests marked `vllm`)
 
 
 @pytest.fixture(scope="session")

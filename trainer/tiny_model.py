@@ -87,7 +87,9 @@ def make_tiny_model(out: Path | str, spec: TinyModelSpec = TinyModelSpec()) -> P
         num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
+        # Untied: with a tied head the logit of the last input token includes |embedding|^2, so it is the argmax
+        # at every position whatever the init scale, and greedy decoding repeats the last token forever.
+        tie_word_embeddings=False,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -95,11 +97,12 @@ def make_tiny_model(out: Path | str, spec: TinyModelSpec = TinyModelSpec()) -> P
     )
     torch.manual_seed(spec.seed)
     model = Qwen3ForCausalLM(config)
-    # transformers' std 0.02 init gives near-uniform next-token distributions (entropy ~ log V); 0.08 makes them
-    # somewhat peaked (entropy ~5.5 nats on the small vocabulary) without collapsing: with the tied embeddings, a
-    # wide init (std 0.3+) makes the model repeat its last token with probability 1, and every logprob is 0.
+    # transformers' std 0.02 init gives near-uniform next-token distributions (entropy ~ log V); a head with std 0.3
+    # makes them peaked (entropy ~4 nats on the small vocabulary) with a varied argmax, so greedy and sampled
+    # sequences both differ between prompts, seeds and weights.
     with torch.no_grad():
-        model.model.embed_tokens.weight.normal_(0.0, 0.08)
+        model.model.embed_tokens.weight.normal_(0.0, 1.0)
+        model.lm_head.weight.normal_(0.0, 0.3)
     model.generation_config.eos_token_id = [config.eos_token_id, config.pad_token_id]
     model.save_pretrained(out, safe_serialization=True)
     (out / "interceptor_tiny_model.json").write_text(
