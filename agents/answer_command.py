@@ -1,0 +1,44 @@
+"""The `answer` command an agent runs to submit its result: `answer 42` posts `{"answer": "42"}` to its rollout's
+`tools/answer` endpoint and prints the server's acknowledgement (never a reward).
+
+The script is written per rollout into a directory put first on the agent's `PATH`, with the rollout's tools URL
+and its *tools* secret baked in (mode 0700). The tools secret opens only `/tools/*`: programs the agent runs hold
+no credential to the model. It uses only the Python standard library, run by the host's interpreter.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+__all__ = ["write_answer_command"]
+
+_SCRIPT = '''#!{python}
+"""Submit an answer for this task: answer <value>. (Written by interceptor for one rollout.)"""
+import json, sys, urllib.error, urllib.request
+
+value = " ".join(sys.argv[1:]) if len(sys.argv) > 1 else sys.stdin.read().strip()
+request = urllib.request.Request(
+    {url!r},
+    data=json.dumps({{"answer": value}}).encode(),
+    headers={{"Authorization": "Bearer " + {secret!r}, "Content-Type": "application/json"}},
+)
+try:
+    with urllib.request.urlopen(request, timeout=30) as response:
+        print(json.loads(response.read()).get("message", "answer recorded"))
+except urllib.error.HTTPError as error:
+    print("answer was not accepted:", error.read().decode(errors="replace"), file=sys.stderr)
+    sys.exit(1)
+except OSError as error:
+    print("could not reach the grader:", error, file=sys.stderr)
+    sys.exit(1)
+'''
+
+
+def write_answer_command(bin_dir: Path, *, base_url: str, tools_secret: str) -> Path:
+    """Write `bin_dir/answer` for the rollout whose OpenAI base URL is `base_url` (ending in `/v1`)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / "answer"
+    path.write_text(_SCRIPT.format(python=sys.executable, url=f"{base_url}/tools/answer", secret=tools_secret))
+    path.chmod(0o700)
+    return path

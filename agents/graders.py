@@ -1,0 +1,103 @@
+"""Host-side grading: a finished rollout's submission and workspace -> a reward in [0, 1].
+
+Runs on the host after the agent has exited; nothing here is visible to the agent. A grader that cannot decide
+(its command times out, its callable raises) raises `GraderFailed`: the rollout is then marked failed with cause
+`grader` and kept out of training, never given a reward of 0 by accident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from .tasks import Grader, Task
+
+__all__ = ["Grade", "GraderFailed", "grade"]
+
+_PYTEST_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED)\s+(\S+)", re.MULTILINE)
+
+
+class GraderFailed(Exception):
+    """The grader could not produce a reward (an infrastructure fault, not a zero)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grade:
+    reward: float
+    detail: str
+
+
+async def grade(task: Task, *, answer: object, answered: bool, workspace: Path) -> Grade:
+    grader = task.grader
+    if grader.kind == "answer":
+        return _grade_answer(grader, answer, answered)
+    if grader.kind == "command":
+        return await _grade_command(grader, workspace)
+    return await _grade_python(grader, task, answer, workspace)
+
+
+def _grade_answer(grader: Grader, answer: object, answered: bool) -> Grade:
+    if not answered:
+        return Grade(0.0, "no answer was submitted")
+    given = str(answer).strip()
+    expected = str(grader.expected).strip()
+    if grader.match == "exact":
+        ok = given == expected
+    elif grader.match == "regex":
+        ok = re.fullmatch(expected, given) is not None
+    else:
+        try:
+            ok = math.isclose(float(given), float(expected), rel_tol=0.0, abs_tol=grader.tolerance)
+        except ValueError:
+            ok = False
+    return Grade(1.0 if ok else 0.0, f"submitted {given[:200]!r}, expected {grader.match} {expected!r}")
+
+
+async def _grade_command(grader: Grader, workspace: Path) -> Grade:
+    tests = (*grader.fail_to_pass, *grader.pass_to_pass)
+    command = grader.command + ("".join(f" {shlex.quote(t)}" for t in tests) if tests else "")
+    process = await asyncio.create_subprocess_shell(
+        command,
+        cwd=workspace,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        async with asyncio.timeout(grader.timeout_s):
+            output, _ = await process.communicate()
+    except TimeoutError as exc:
+        process.kill()
+        await process.wait()
+        raise GraderFailed(f"grader command timed out after {grader.timeout_s}s: {grader.command}") from exc
+    text = output.decode(errors="replace")
+    if not tests:
+        return Grade(1.0 if process.returncode == 0 else 0.0, f"exit {process.returncode}")
+    results = {name: outcome for outcome, name in _PYTEST_RESULT.findall(text)}
+    missing = [t for t in tests if t not in results]
+    if missing and process.returncode not in (0, 1):
+        raise GraderFailed(f"grader command failed (exit {process.returncode}) before reporting {missing[:3]}")
+    failed = [t for t in tests if results.get(t) not in ("PASSED", "XPASS")]
+    return Grade(0.0 if failed else 1.0, f"{len(tests) - len(failed)}/{len(tests)} required tests passed")
+
+
+async def _grade_python(grader: Grader, task: Task, answer: object, workspace: Path) -> Grade:
+    module_name, _, function_name = grader.callable.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+        value = function(task, answer, workspace)
+        if asyncio.iscoroutine(value):
+            value = await value
+        reward = float(value)
+    except Exception as exc:  # user code: any failure is the grader's, and must not become a reward
+        raise GraderFailed(f"grader {grader.callable} raised {type(exc).__name__}: {exc}") from exc
+    if not math.isfinite(reward):
+        raise GraderFailed(f"grader {grader.callable} returned {reward}")
+    return Grade(reward, f"{grader.callable} -> {reward}")
+
+

@@ -1,0 +1,134 @@
+"""Tasks: what an agent is asked to do, in what workspace, within what limits, and how it is graded.
+
+A task file is JSON Lines, one task per line:
+
+    {"id": "add-2-3",
+     "instruction": "What is 2 + 3? Submit it by running: answer <value>",
+     "files": {"notes.txt": "text written into the workspace"},          (optional)
+     "workspace": "relative/dir/to/copy",                                 (optional, relative to the task file)
+     "setup": ["git init -q"],                                            (optional, run in the workspace first)
+     "limits": {"wall_s": 300, "idle_s": 120},                            (optional)
+     "grader": {"kind": "answer", "expected": "5", "match": "numeric"}}
+
+Graders (`agents.graders` computes them on the host; the reward never reaches the agent):
+- `answer`: the value submitted to the rollout's `answer` tool, matched `exact` (after stripping), by `regex`
+  (full match) or `numeric` (within `tolerance`, default 1e-6);
+- `command`: a command run in the workspace after the agent exits. With `fail_to_pass` / `pass_to_pass` test ids
+  (SWE-Gym style) the command is run with those ids appended and must report every one of them passed (pytest
+  `-rA` lines); without them, exit status 0 is reward 1;
+- `python`: `"callable": "package.module:function"`, called as `function(task, answer, workspace) -> float`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import orjson
+
+__all__ = ["Grader", "Limits", "Task", "TaskError", "load_tasks"]
+
+
+class TaskError(ValueError):
+    """A task file or task is invalid."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    wall_s: float = 600.0  # the whole rollout, agent start to exit
+    idle_s: float = 180.0  # no request from the agent for this long: it is stuck (Pi waits forever on a stall)
+
+    def __post_init__(self) -> None:
+        if self.wall_s <= 0 or self.idle_s <= 0:
+            raise TaskError("limits must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grader:
+    kind: Literal["answer", "command", "python"]
+    expected: str | None = None
+    match: Literal["exact", "regex", "numeric"] = "exact"
+    tolerance: float = 1e-6
+    command: str | None = None
+    fail_to_pass: tuple[str, ...] = ()
+    pass_to_pass: tuple[str, ...] = ()
+    timeout_s: float = 300.0
+    callable: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "answer" and self.expected is None:
+            raise TaskError("an answer grader needs 'expected'")
+        if self.kind == "answer" and self.match not in ("exact", "regex", "numeric"):
+            raise TaskError(f"unknown match {self.match!r}")
+        if self.kind == "command" and not self.command:
+            raise TaskError("a command grader needs 'command'")
+        if self.kind == "python" and (not self.callable or ":" not in self.callable):
+            raise TaskError("a python grader needs 'callable': 'module:function'")
+        if self.kind not in ("answer", "command", "python"):
+            raise TaskError(f"unknown grader kind {self.kind!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    id: str
+    instruction: str
+    grader: Grader
+    files: dict[str, str] = field(default_factory=dict)
+    workspace: Path | None = None  # a directory copied into the rollout's workspace
+    setup: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not self.id or not self.instruction:
+            raise TaskError("a task needs an id and an instruction")
+        for name in self.files:
+            path = Path(name)
+            if path.is_absolute() or ".." in path.parts:
+                raise TaskError(f"task {self.id}: file {name!r} must stay inside the workspace")
+
+    @classmethod
+    def from_dict(cls, data: dict, *, base_dir: Path) -> Task:
+        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits"}
+        unknown = set(data) - known
+        if unknown:
+            raise TaskError(f"unknown task fields {sorted(unknown)}")
+        grader = dict(data.get("grader") or {})
+        for key in ("fail_to_pass", "pass_to_pass"):
+            grader[key] = tuple(grader.get(key) or ())
+        if "expected" in grader and grader["expected"] is not None:
+            grader["expected"] = str(grader["expected"])
+        try:
+            return cls(
+                id=str(data.get("id", "")),
+                instruction=str(data.get("instruction", "")),
+                grader=Grader(**grader),
+                files=dict(data.get("files") or {}),
+                workspace=(base_dir / data["workspace"]) if data.get("workspace") else None,
+                setup=tuple(data.get("setup") or ()),
+                limits=Limits(**(data.get("limits") or {})),
+            )
+        except TypeError as exc:  # unknown keys inside grader or limits
+            raise TaskError(str(exc)) from exc
+
+
+def load_tasks(path: Path | str) -> list[Task]:
+    path = Path(path)
+    tasks, seen = [], set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("//"):
+            continue
+        try:
+            data = orjson.loads(line)
+            if not isinstance(data, dict):
+                raise TaskError("a task is a JSON object")
+            task = Task.from_dict(data, base_dir=path.parent)
+        except (orjson.JSONDecodeError, TaskError) as exc:
+            raise TaskError(f"{path}:{number}: {exc}") from exc
+        if task.id in seen:
+            raise TaskError(f"{path}:{number}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        tasks.append(task)
+    if not tasks:
+        raise TaskError(f"{path} holds no tasks")
+    return tasks
