@@ -1,0 +1,113 @@
+"""The running batch: sequences decoded together, one row each, over one left-padded KV cache.
+
+A sequence joins after its own prefill (batch size 1, no padding), carrying a KV cache of its prompt. Joining
+left-pads the shorter of the batch's cache and the newcomer's to a common length and stacks them; the attention
+mask marks padding 0 and each row's real tokens 1. Rows are decoded together one token per step with explicit
+position ids (each row's real position), so a row computes exactly what it would alone: padded keys get zero
+attention weight and RoPE sees true positions. Keys are cached after RoPE, so padding never shifts them.
+When rows leave, leading columns that are padding in every remaining row are dropped.
+
+Invariant between steps: every row's cache holds its prompt and all its output tokens but the last one, which is
+the input of the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedModel
+
+__all__ = ["DecodeBatch", "prefill"]
+
+Row = TypeVar("Row")
+
+
+def prefill(
+    model: PreTrainedModel, prompt_ids: Sequence[int], *, all_logits: bool
+) -> tuple[torch.Tensor, DynamicCache]:
+    """Run a prompt alone; return its logits ([P, V] if `all_logits`, else the last position's [1, V]) and cache."""
+    cache = DynamicCache()
+    output = model(
+        input_ids=torch.tensor([list(prompt_ids)]),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=0 if all_logits else 1,
+    )
+    return output.logits[0], cache
+
+
+class DecodeBatch(Generic[Row]):
+    def __init__(self, model: PreTrainedModel) -> None:
+        self._model = model
+        self.rows: list[Row] = []
+        self._positions: list[int] = []  # per row: tokens in its cache, i.e. the position of its next input token
+        self._cache: DynamicCache | None = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: Row, cache: DynamicCache, length: int) -> None:
+        """Add a row whose cache holds `length` tokens (its prompt)."""
+        row_mask = torch.ones(1, length, dtype=torch.long)
+        if self._cache is None:
+            self._cache, self._mask = cache, row_mask
+        else:
+            width = max(self._mask.shape[1], length)
+            own, new = width - self._mask.shape[1], width - length
+            self._cache = DynamicCache(
+                ddp_cache_data=[
+                    (
+                        torch.cat([_pad_left(k, own), _pad_left(nk, new)]),
+                        torch.cat([_pad_left(v, own), _pad_left(nv, new)]),
+                    )
+                    for (k, v), (nk, nv) in zip(_layers(self._cache), _layers(cache), strict=True)
+                ]
+            )
+            self._mask = torch.cat([F.pad(self._mask, (own, 0)), F.pad(row_mask, (new, 0))])
+        self.rows.append(row)
+        self._positions.append(length)
+
+    def remove(self, rows: Sequence[Row]) -> None:
+        gone = {id(row) for row in rows}
+        keep = [i for i, row in enumerate(self.rows) if id(row) not in gone]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        self._positions = [self._positions[i] for i in keep]
+        if not keep:
+            self._cache, self._mask = None, torch.zeros(0, 0, dtype=torch.long)
+            return
+        index = torch.tensor(keep)
+        mask = self._mask[index]
+        start = int(mask.any(dim=0).nonzero()[0])  # columns before this are padding in every remaining row
+        self._mask = mask[:, start:]
+        self._cache = DynamicCache(
+            ddp_cache_data=[(k[index, :, start:], v[index, :, start:]) for k, v in _layers(self._cache)]
+        )
+
+    def step(self, input_ids: Sequence[int]) -> torch.Tensor:
+        """Feed each row its next token (in row order); return the next-token logits [B, V]."""
+        batch = len(self.rows)
+        self._mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+        output = self._model(
+            input_ids=torch.tensor(list(input_ids)).unsqueeze(1),
+            position_ids=torch.tensor(self._positions).unsqueeze(1),
+            attention_mask=self._mask,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._positions = [p + 1 for p in self._positions]
+        return output.logits[:, -1]
+
+
+def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _pad_left(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad [B, heads, T, dim] with `width` zero positions before the first."""
+    return F.pad(states, (0, 0, width, 0)) if width else states

@@ -1,0 +1,47 @@
+"""The local engine's configuration: one frozen record, validated when built, made from CLI flags in `main.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["EngineConfig", "LogprobsMode"]
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    model: Path
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 binds a free port; `LocalEngine.base_url` reports the real one
+    served_model_name: str | None = None  # None: the `model` argument as given, as vLLM does
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    logprobs_mode: LogprobsMode = "raw_logprobs"
+    max_batch_size: int = 8  # sequences decoded together (vLLM's --max-num-seqs)
+    threads: int = 1  # torch intra-op threads; one is fastest and steadiest for tiny models on 2 cores
+    max_logprobs: int = 20  # vLLM's --max-logprobs default: the most top logprobs a request may ask for
+    seed: int = 0  # seeds the generator of requests without their own seed (vLLM's --seed)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", Path(self.model))
+        if not self.model.is_dir():
+            raise ValueError(f"model directory {self.model} does not exist")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.logprobs_mode not in _LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {_LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or str(self.model)
