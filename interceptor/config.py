@@ -86,6 +86,7 @@ class ServerConfig:
     default_max_tokens: int = 2048  # when neither the rollout nor the agent sets one
     max_body_bytes: int = 64 * 1024 * 1024
     keepalive_s: float = 5.0  # a stream with no answer after this long starts sending SSE comments
+    shutdown_grace_s: float = 5.0  # on exit, in-flight requests get this long before they are cancelled
 
     def __post_init__(self) -> None:
         if self.mode not in ("interception_gate", "black_box"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from .errors import ApiError, ContextLengthExceeded
+from .errors import ContextLengthExceeded, UpstreamError
 from .parsing import parse_output
 from .protocol import ChatRequest, assistant_message, finish_reason_for, new_tool_call_id
 from .rendering import Renderer
@@ -89,14 +89,16 @@ async def run_turn(policy: Policy, rollout: Rollout, request: ChatRequest, *, fi
         result = _record(policy, rollout, plan, generation, request)
     except BaseException as exc:
         trajectory.release(plan)
-        if isinstance(exc, ApiError):
+        if isinstance(exc, UpstreamError):
             rollout.upstream_failures += 1
+            rollout.trailing_upstream_failures += 1
             rollout.note("upstream_error", status=exc.status, message=exc.message)
         if isinstance(exc, Exception):
             future.set_exception(exc)
         else:
             future.cancel()
         raise
+    rollout.trailing_upstream_failures = 0
     future.set_result(result)
     return result
 

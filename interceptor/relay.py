@@ -10,6 +10,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from .errors import UpstreamError
 from .protocol import ChatRequest
 from .rollouts import Rollout
 from .streaming import SSE_HEADERS
@@ -29,8 +30,22 @@ async def relay_chat(
     rollout.last_messages_keys = keys
     entry: dict = {"new_messages": chat.messages[known:], "known_messages": known}
     rollout.trace.append(entry)
+    try:
+        return await _relay(request, upstream, rollout, body, chat, entry)
+    except UpstreamError as exc:
+        rollout.upstream_failures += 1
+        rollout.trailing_upstream_failures += 1
+        rollout.note("upstream_error", status=exc.status, message=exc.message)
+        raise
+
+
+async def _relay(
+    request: web.Request, upstream: UpstreamClient, rollout: Rollout, body: dict, chat: ChatRequest, entry: dict
+) -> web.StreamResponse:
     async with upstream.relay("/v1/chat/completions", orjson.dumps(body)) as resp:
         entry["status"] = resp.status
+        if resp.status < 400:
+            rollout.trailing_upstream_failures = 0
         if not chat.stream or resp.status >= 400 or not resp.content_type.startswith("text/event-stream"):
             raw = await resp.read()
             _record_completion(rollout, entry, raw)

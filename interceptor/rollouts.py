@@ -55,6 +55,7 @@ class Rollout:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     upstream_failures: int = 0
+    trailing_upstream_failures: int = 0  # since the last chat call that succeeded: a run that ends here failed
     # request fingerprint -> the answer (or the answer being generated), for SDK retries
     replays: OrderedDict[int, asyncio.Future] = field(default_factory=OrderedDict)
     last_messages_keys: list[tuple] = field(default_factory=list)  # black_box trace: what the last call sent

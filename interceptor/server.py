@@ -121,7 +121,10 @@ class InterceptionServer:
         app.router.add_post("/rollout/{rid}/v1/chat/completions", self._chat)
         app.router.add_get("/rollout/{rid}/v1/models", self._models)
         app.router.add_post("/rollout/{rid}/v1/tools/{tool}", self._tool)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=False)
+        # handler_cancellation=False: a turn whose agent hung up still finishes and is recorded (a retry replays it)
+        runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=False, shutdown_timeout=self.config.shutdown_grace_s
+        )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, self.config.host, self.config.port)
