@@ -1,0 +1,51 @@
+"""Agents: specs that configure unmodified CLI agents (Pi, OpenCode, any OpenAI-API program) for one rollout, and
+sandboxes that run them with limits.
+
+    spec = PiAgent(context_window=32768)
+    async with LocalSandbox() as box:
+        launch = spec.prepare(AgentRollout(base_url=handle.base_url, secret=handle.secret, model="policy",
+                                           workspace=box.workspace, home=box.home, instruction=task))
+        result = await box.run(launch, limits=RunLimits(wall_s=900, idle_s=120), activity=heartbeat)
+
+`agents.install.install_agent("pi" | "opencode")` installs the pinned versions from npm into the user's cache
+(not imported here, so that `python -m agents.install` runs cleanly).
+"""
+
+from __future__ import annotations
+
+from .command import CommandAgent
+from .errors import AgentConfigError, AgentError, AgentNotInstalled, InstallError
+from .opencode import OpenCodeAgent
+from .packages import OPENCODE, PACKAGES, PI, AgentPackage, find_binary
+from .pi import PiAgent
+from .sandbox import Heartbeat, LocalSandbox, LocalSandboxConfig, Outcome, RunLimits, RunResult, Sandbox
+from .spec import AgentLaunch, AgentRollout, AgentSpec
+
+__all__ = [
+    "AGENT_SPECS",
+    "OPENCODE",
+    "PACKAGES",
+    "PI",
+    "AgentConfigError",
+    "AgentError",
+    "AgentLaunch",
+    "AgentNotInstalled",
+    "AgentPackage",
+    "AgentRollout",
+    "AgentSpec",
+    "CommandAgent",
+    "Heartbeat",
+    "InstallError",
+    "LocalSandbox",
+    "LocalSandboxConfig",
+    "OpenCodeAgent",
+    "Outcome",
+    "PiAgent",
+    "RunLimits",
+    "RunResult",
+    "Sandbox",
+    "find_binary",
+]
+
+# The agents `interceptor run --agent NAME` can build with default settings.
+AGENT_SPECS: dict[str, type[PiAgent] | type[OpenCodeAgent]] = {"pi": PiAgent, "opencode": OpenCodeAgent}

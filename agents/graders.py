@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import math
+import os
 import re
 import shlex
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +74,7 @@ async def _grade_command(grader: Grader, workspace: Path) -> Grade:
         async with asyncio.timeout(grader.timeout_s):
             output, _ = await process.communicate()
     except TimeoutError as exc:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)  # the shell and whatever it started: they hold the output pipe
         await process.wait()
         raise GraderFailed(f"grader command timed out after {grader.timeout_s}s: {grader.command}") from exc
     text = output.decode(errors="replace")

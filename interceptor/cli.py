@@ -36,6 +36,18 @@ def _inspect(args: argparse.Namespace) -> int:
     return run_inspect_from_args(args)
 
 
+def _run(args: argparse.Namespace) -> int:
+    from agents.run_main import run_from_args
+
+    return run_from_args(args)
+
+
+def _agents_install(args: argparse.Namespace) -> int:
+    from agents.install import main as install_main
+
+    return install_main([*args.names, *(["--force"] if args.force else [])])
+
+
 def _demo(args: argparse.Namespace) -> int:
     from trainer.demo import run_demo_from_args
 
@@ -83,6 +95,16 @@ def _build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("file")
     inspect.add_argument("--rollout", help="show this rollout's samples and turns")
     inspect.add_argument("--model", help="a model directory whose tokenizer decodes the spans")
+
+    from agents.run_args import add_run_arguments
+
+    run = command("run", _run, "run an agent (pi, opencode, or a command) on a task file, graded on the host")
+    add_run_arguments(run)
+
+    install = command("agents", _agents_install, "install a pinned agent from npm: interceptor agents install NAME")
+    install.add_argument("action", choices=("install",))
+    install.add_argument("names", nargs="+", choices=("pi", "opencode"), metavar="NAME")
+    install.add_argument("--force", action="store_true")
 
     demo = command("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
     demo.add_argument("--workdir", default="runs/demo")

@@ -60,11 +60,16 @@ class Rollout:
     replays: OrderedDict[int, asyncio.Future] = field(default_factory=OrderedDict)
     last_messages_keys: list[tuple] = field(default_factory=list)  # black_box trace: what the last call sent
     last_activity: float = field(default_factory=time.monotonic)  # for idle watchdogs: the last authorised request
+    in_flight: int = 0  # chat calls being answered now (a slow CPU generation is not an idle agent)
 
     def remember_replay(self, fingerprint: int, future: asyncio.Future) -> None:
         self.replays[fingerprint] = future
         while len(self.replays) > _REPLAYS_KEPT:
             self.replays.popitem(last=False)
+
+    def activity(self) -> float:
+        """The time (monotonic) of the agent's last sign of life: now while a chat call is being answered."""
+        return time.monotonic() if self.in_flight else self.last_activity
 
     def note(self, kind: str, **details) -> None:
         self.events.append({"kind": kind, "at": round(time.time(), 3), **details})

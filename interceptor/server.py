@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -242,6 +243,14 @@ class InterceptionServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         rollout = self._authorize(request)
+        rollout.in_flight += 1
+        try:
+            return await self._answer_chat(request, rollout)
+        finally:
+            rollout.in_flight -= 1
+            rollout.last_activity = time.monotonic()
+
+    async def _answer_chat(self, request: web.Request, rollout: Rollout) -> web.StreamResponse:
         raw = await request.read()
         body = parse_json_body(raw)
         chat = parse_chat_request(body)

@@ -1,0 +1,104 @@
+"""Pi (`@mariozechner/pi-coding-agent`, pinned in `agents.packages`) as an agent spec.
+
+Files, in `$HOME/.pi/agent` (= `PI_CODING_AGENT_DIR`), both 0600:
+- `models.json`: `{"providers": {P: {"baseUrl", "api": "openai-completions", "apiKey", "compat":
+  {"supportsDeveloperRole": false, "supportsReasoningEffort": false}, "models": [{"id", "contextWindow",
+  "maxTokens", "reasoning"}]}}}`. Pi reads `apiKey` as: "!cmd" runs a shell command, a name of a set environment
+  variable takes its value, anything else is the literal key (the secret is a bearer token, so it is literal).
+- `settings.json`: auto-compaction off by default (`compaction`). Pi compacts when the context passes
+  `contextWindow` minus 16384 reserved tokens, so with the context window of a small policy it summarises after every
+  turn, and a summary rewrites the history (a fork in the trajectory). With compaction on, a context-length 400 also
+  triggers a summary request, and when that fails too Pi exits 0 with no output; with it off, Pi exits 1 with the
+  error on stderr.
+
+Run: `pi --provider P --model M --no-session -p` with the instruction on stdin (Pi appends piped stdin to the
+prompt in print mode, trimmed; a `-p "text"` argument starting with "-" or "@" would be read as a flag or a file).
+`PI_OFFLINE=1` turns off its start-up network calls (version check, install telemetry).
+
+Seen with 0.73.1: the first request comes 1.2-2.8 s after launch on 2 cores (node loading its modules); it always
+streams with `stream_options.include_usage`, `store: false` and `max_completion_tokens` = `maxTokens`; tools `read`,
+`bash` (`command`, `timeout`; no default timeout), `edit`, `write`. Its bash tool runs commands detached (their own
+session); Pi ends them itself on SIGTERM, and the sandbox's subreaper when it cannot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from .errors import AgentConfigError
+from .packages import PI, find_binary
+from .spec import AgentLaunch, AgentRollout, write_private_json
+
+__all__ = ["PiAgent"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PiAgent:
+    name: ClassVar[str] = "pi"
+
+    binary: Path | None = None  # default: the pinned install, then `pi` on PATH
+    provider: str = "interceptor"
+    context_window: int = 32768  # tell Pi the policy's max_model_len
+    max_tokens: int = 4096  # sent as max_completion_tokens on every turn
+    reasoning: bool = False
+    compaction: bool = False
+    settings: Mapping[str, object] = field(default_factory=dict)  # merged over the generated settings.json
+    extra_args: tuple[str, ...] = ()  # placed before `-p`, e.g. ("--no-context-files",)
+
+    def __post_init__(self) -> None:
+        if not self.provider or "/" in self.provider:
+            raise AgentConfigError(f"provider must be a name without '/': {self.provider!r}")
+        if self.context_window < 1 or not 0 < self.max_tokens <= self.context_window:
+            raise AgentConfigError("need 0 < max_tokens <= context_window")
+
+    def prepare(self, rollout: AgentRollout) -> AgentLaunch:
+        binary = find_binary(PI, self.binary)
+        agent_dir = rollout.home / ".pi" / "agent"
+        models = {
+            "providers": {
+                self.provider: {
+                    "baseUrl": rollout.base_url,
+                    "api": "openai-completions",
+                    "apiKey": rollout.secret,
+                    "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+                    "models": [
+                        {
+                            "id": rollout.model,
+                            "contextWindow": self.context_window,
+                            "maxTokens": self.max_tokens,
+                            "reasoning": self.reasoning,
+                        }
+                    ],
+                }
+            }
+        }
+        settings = {
+            "compaction": {"enabled": self.compaction},
+            "enableInstallTelemetry": False,
+            "quietStartup": True,
+            **self.settings,
+        }
+        written = (
+            write_private_json(agent_dir / "models.json", models),
+            write_private_json(agent_dir / "settings.json", settings),
+        )
+        return AgentLaunch(
+            argv=(
+                str(binary),
+                "--provider",
+                self.provider,
+                "--model",
+                rollout.model,
+                "--no-session",
+                *self.extra_args,
+                "-p",
+            ),
+            env={"HOME": str(rollout.home), "PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1"},
+            cwd=rollout.workspace,
+            stdin=rollout.instruction.encode(),
+            files_written=written,
+            secrets=(rollout.secret,),
+        )

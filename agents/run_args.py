@@ -1,0 +1,22 @@
+"""The command-line arguments of `interceptor run`, kept apart from the runner so building the parser stays light."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_run_arguments"]
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", choices=("pi", "opencode", "command"), default="pi")
+    parser.add_argument("--command", help="the command agent's command line (reads OPENAI_BASE_URL/OPENAI_API_KEY)")
+    parser.add_argument("--tasks", required=True, help="a JSON Lines task file")
+    parser.add_argument("--upstream", default="local", help="'local' (tiny model on the local engine) or a URL")
+    parser.add_argument("--model", help="model directory (tokenizer, chat template; with --upstream local: weights)")
+    parser.add_argument("--mode", choices=("interception_gate", "black_box"), default="interception_gate")
+    parser.add_argument("-n", type=int, default=1, help="rollouts per task (a group)")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--out", default="runs/latest", help="directory for rollouts.jsonl")

@@ -1,0 +1,138 @@
+"""`interceptor run`: rollouts of a real agent on a task file, with a progress line per rollout and a summary.
+
+    interceptor run --agent pi --tasks examples/tasks/arithmetic.jsonl --upstream local -n 4 --out runs/pi
+
+`--upstream local` builds the tiny model if needed (with tool-calling training when available) and starts the
+local engine in this process; otherwise `--upstream URL` is a vLLM server (interception_gate, needs `--model DIR`
+for the tokenizer and chat template) or any OpenAI-compatible API (`--mode black_box`; its key from the
+environment variable INTERCEPTOR_UPSTREAM_API_KEY, never from argv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import sys
+import time
+from collections import Counter, defaultdict
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from interceptor.config import SamplingSettings, ServerConfig, UpstreamConfig
+from interceptor.records import RolloutRecord
+from interceptor.server import InterceptionServer
+
+from .command import CommandAgent
+from .opencode import OpenCodeAgent
+from .pi import PiAgent
+from .runner import Runner, RunnerConfig
+from .spec import AgentSpec
+from .tasks import load_tasks
+
+__all__ = ["run_from_args", "summary_table"]
+
+
+def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
+    if args.agent == "pi":
+        return PiAgent(context_window=context_window, max_tokens=args.max_tokens or 512)
+    if args.agent == "opencode":
+        return OpenCodeAgent(context_window=context_window, max_tokens=args.max_tokens or 512)
+    if not args.command:
+        raise SystemExit("--agent command needs --command 'program args...'")
+    return CommandAgent(argv=tuple(shlex.split(args.command)))
+
+
+async def _local_model(args: argparse.Namespace, out: Path) -> Path:
+    if args.model:
+        return Path(args.model)
+    from trainer.local_model import ensure_local_model
+
+    return await asyncio.to_thread(ensure_local_model, out.parent / "model")
+
+
+def _progress(total: int):
+    done = Counter()
+    started = time.perf_counter()
+
+    def report(record: RolloutRecord) -> None:
+        done["n"] += 1
+        outcome = f"reward {record.reward:g}" if record.reward is not None else f"{record.failure.cause}"
+        turns = sum(len(s.turns) for s in record.samples) or record.usage.get("turns", 0)
+        width = 24
+        filled = width * done["n"] // total
+        print(
+            f"[{'#' * filled}{'.' * (width - filled)}] {done['n']}/{total} {record.metadata.get('task_id')} "
+            f"#{record.metadata.get('index')}: {record.status}, {outcome}, {turns} turns "
+            f"({time.perf_counter() - started:.0f}s)",
+            flush=True,
+        )
+
+    return report
+
+
+def summary_table(records: list[RolloutRecord]) -> str:
+    by_task: dict[str, list[RolloutRecord]] = defaultdict(list)
+    for record in records:
+        by_task[str(record.metadata.get("task_id"))].append(record)
+    lines = [f"{'task':<20} {'rollouts':>8} {'ok':>4} {'failed':>6} {'mean reward':>11} {'turns':>6} {'tokens':>7} {'forks':>5}"]
+    for task_id, group in sorted(by_task.items()):
+        rewards = [r.reward for r in group if r.reward is not None]
+        lines.append(
+            f"{task_id:<20} {len(group):>8} {sum(r.status == 'ok' for r in group):>4} "
+            f"{sum(r.status != 'ok' for r in group):>6} "
+            f"{(sum(rewards) / len(rewards)) if rewards else float('nan'):>11.3f} "
+            f"{sum(len(s.turns) for r in group for s in r.samples):>6} "
+            f"{sum(len(s.input_ids) for r in group for s in r.samples):>7} "
+            f"{sum(max(0, len(r.samples) - 1) for r in group):>5}"
+        )
+    causes = Counter(r.failure.cause for r in records if r.failure is not None)
+    if causes:
+        lines.append("failures by cause: " + ", ".join(f"{cause} {count}" for cause, count in causes.most_common()))
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace) -> int:
+    tasks = load_tasks(args.tasks)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record_path = out / "rollouts.jsonl"
+    async with AsyncExitStack() as stack:
+        if args.upstream == "local":
+            from trainer.engine import EngineConfig, LocalEngine
+
+            model_dir = await _local_model(args, out)
+            engine = await stack.enter_async_context(
+                LocalEngine(EngineConfig(model=model_dir, port=0, served_model_name="policy"))
+            )
+            upstream = UpstreamConfig(base_url=engine.base_url)
+        else:
+            model_dir = Path(args.model) if args.model else None
+            upstream = UpstreamConfig(base_url=args.upstream, api_key=os.environ.get("INTERCEPTOR_UPSTREAM_API_KEY"))
+        server = await stack.enter_async_context(
+            InterceptionServer(
+                ServerConfig(upstream=upstream, mode=args.mode, model_dir=model_dir, record_path=record_path)
+            )
+        )
+        context_window = server.policy.max_model_len if server.policy else 32768
+        config = RunnerConfig(
+            agent=_agent(args, context_window=context_window),
+            sampling=SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
+            concurrency=args.concurrency,
+        )
+        print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {upstream.base_url} ({args.mode})", flush=True)
+        runner = Runner(server, config, on_finished=_progress(len(tasks) * args.n))
+        records = await runner.run_tasks(tasks, n=args.n)
+    print()
+    print(summary_table(records))
+    print(f"\ntrajectories: {record_path}  (interceptor inspect {record_path})")
+    return 0 if any(r.status == "ok" for r in records) else 1
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(run(args))
+    except KeyboardInterrupt:
+        print("stopped: agents were ended and finished rollouts kept", file=sys.stderr)
+        return 130

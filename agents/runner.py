@@ -1,0 +1,183 @@
+"""Run rollouts: one task, a group of N for one task, or a task file, each rollout in its own sandbox.
+
+    async with InterceptionServer(config) as server:
+        runner = Runner(server, RunnerConfig(agent=PiAgent(), sampling=SamplingSettings(temperature=1.0)))
+        records = await runner.run_tasks(load_tasks("tasks.jsonl"), n=4)
+
+One rollout: open it on the server -> make the sandbox (task files, setup commands, the `answer` command) -> start
+the agent with its own rollout URL and secret -> wait for it under the task's wall-clock and idle limits (idle =
+no request reaches the server) -> grade on the host -> finish the rollout (on disk before it is reported).
+
+A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
+installed), `sandbox` (set-up failed), `upstream` (its last chat call failed upstream), `grader` (the grader could
+not decide), `cancelled`. Only `ok` rollouts carry a reward: an infrastructure fault never turns into one.
+Cancelling (Ctrl-C) stops the agents and still writes every record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from interceptor.config import SamplingSettings
+from interceptor.records import Failure, RolloutRecord
+from interceptor.server import InterceptionServer
+
+from .answer_command import write_answer_command
+from .errors import AgentError
+from .graders import GraderFailed, grade
+from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
+from .spec import AgentRollout, AgentSpec
+from .tasks import Task
+
+__all__ = ["Runner", "RunnerConfig"]
+
+_OUTPUT_KEPT = 4000  # characters of the agent's output tail kept in a failed rollout's record
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerConfig:
+    agent: AgentSpec
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    concurrency: int = 4  # rollouts running at once
+    sandbox: Callable[[], Sandbox] = LocalSandbox
+    setup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+
+
+class _Failed(Exception):
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.failure = Failure(cause=cause, message=message)
+
+
+class Runner:
+    def __init__(
+        self,
+        server: InterceptionServer,
+        config: RunnerConfig,
+        *,
+        on_finished: Callable[[RolloutRecord], Awaitable[None] | None] | None = None,
+    ) -> None:
+        self.server = server
+        self.config = config
+        self._slots = asyncio.Semaphore(config.concurrency)
+        self._on_finished = on_finished
+
+    async def run_tasks(self, tasks: Sequence[Task], *, n: int = 1) -> list[RolloutRecord]:
+        """Every task `n` times (a group per task), at most `concurrency` rollouts at once."""
+        async with asyncio.TaskGroup() as group:
+            runs = [group.create_task(self.run_group(task, n=n)) for task in tasks]
+        return [record for run in runs for record in run.result()]
+
+    async def run_group(self, task: Task, *, n: int, metadata: dict | None = None) -> list[RolloutRecord]:
+        async with asyncio.TaskGroup() as group:
+            runs = [
+                group.create_task(self.run_rollout(task, metadata={**(metadata or {}), "index": i}))
+                for i in range(n)
+            ]
+        return [run.result() for run in runs]
+
+    async def run_rollout(self, task: Task, *, metadata: dict | None = None) -> RolloutRecord:
+        async with self._slots:
+            handle = self.server.open_rollout(
+                sampling=self.config.sampling, metadata={"task_id": task.id, **(metadata or {})}
+            )
+            status, failure, reward = "ok", None, None
+            try:
+                reward, detail = await self._attempt(task, handle)
+                self.server.rollout(handle.id).note("graded", reward=reward, detail=detail)
+            except _Failed as exc:
+                status = "timeout" if exc.failure.cause in ("timeout", "idle") else "failed"
+                failure = exc.failure
+            except asyncio.CancelledError:
+                status, failure = "failed", Failure(cause="cancelled", message="the run was cancelled")
+                await asyncio.shield(self._finish(handle.id, status, failure, None))
+                raise
+            return await self._finish(handle.id, status, failure, reward)
+
+    async def _finish(self, rollout_id: str, status: str, failure: Failure | None, reward: float | None) -> RolloutRecord:
+        record = await self.server.finish_rollout(rollout_id, status=status, failure=failure, reward=reward)
+        if self._on_finished is not None:
+            result = self._on_finished(record)
+            if asyncio.iscoroutine(result):
+                await result
+        return record
+
+    async def _attempt(self, task: Task, handle) -> tuple[float, str]:
+        rollout = self.server.rollout(handle.id)
+        async with self.config.sandbox() as box:
+            await self._prepare_workspace(task, box)
+            write_answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret)
+            try:
+                launch = self.config.agent.prepare(
+                    AgentRollout(
+                        base_url=handle.base_url,
+                        secret=handle.secret,
+                        model=self.server.config.served_model_name,
+                        workspace=box.workspace,
+                        home=box.home,
+                        instruction=task.instruction,
+                    )
+                )
+            except AgentError as exc:
+                raise _Failed("agent", str(exc)) from exc
+            result = await box.run(
+                launch,
+                limits=RunLimits(wall_s=task.limits.wall_s, idle_s=task.limits.idle_s),
+                activity=rollout.activity,
+            )
+            _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
+            try:
+                graded = await grade(task, answer=rollout.answer, answered=rollout.answered, workspace=box.workspace)
+            except GraderFailed as exc:
+                raise _Failed("grader", str(exc)) from exc
+            return graded.reward, graded.detail
+
+    async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
+        if task.workspace is not None:
+            await asyncio.to_thread(shutil.copytree, task.workspace, box.workspace, dirs_exist_ok=True)
+        for name, text in task.files.items():
+            path = box.workspace / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        for command in task.setup:
+            process = await asyncio.create_subprocess_shell(
+                command,
+                cwd=box.workspace,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                async with asyncio.timeout(self.config.setup_timeout_s):
+                    output, _ = await process.communicate()
+            except TimeoutError as exc:
+                os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+                raise _Failed("sandbox", f"setup command timed out: {command}") from exc
+            if process.returncode != 0:
+                tail = output.decode(errors="replace")[-_OUTPUT_KEPT:]
+                raise _Failed("sandbox", f"setup command failed ({process.returncode}): {command}\n{tail}")
+
+
+def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:
+    """Turn how the agent's run ended into a failure, or return if the rollout can be graded."""
+    if result.outcome in ("timeout", "idle"):
+        raise _Failed(result.outcome, result.reason or f"the agent hit its {result.outcome} limit")
+    if result.outcome == "spawn_failed":
+        raise _Failed("agent", f"the agent could not start: {result.reason}")
+    if result.outcome == "cancelled":
+        raise _Failed("cancelled", result.reason or "cancelled")
+    if trailing_upstream_failures:
+        raise _Failed("upstream", f"the agent's last {trailing_upstream_failures} chat call(s) failed upstream")
+    if result.exit_code != 0:
+        tail = (result.stderr or result.stdout)[-_OUTPUT_KEPT:]
+        raise _Failed("agent", f"the agent exited with status {result.exit_code}: {tail}")

@@ -1,0 +1,103 @@
+"""What an agent spec is: given one rollout, write the agent's config files and say how to start it.
+
+    launch = PiAgent().prepare(AgentRollout(base_url=..., secret=..., model="policy",
+                                            workspace=box.workspace, home=box.home, instruction="..."))
+    result = await box.run(launch, limits=RunLimits(wall_s=900, idle_s=120), activity=heartbeat)
+
+Contract of every spec:
+- `prepare` only writes inside `rollout.home` and returns an `AgentLaunch` listing the files it wrote.
+- The secret never appears in `argv` (invariant 4 of DESIGN.md; checked here). Agents that read their provider
+  key from a config file get it there, in a file of mode 0600, and not in the environment, so the programs the agent
+  spawns (its shell tool) do not inherit it. (They run as the same user and could still read the file: only a
+  container sandbox with another user closes that.)
+- The environment is complete for the agent's own needs (HOME and its config variables); the sandbox adds only the
+  basics it passes through from the host (PATH, locale) and TMPDIR. Nothing else of the host's environment (API
+  keys, tokens) reaches the agent.
+- The instruction goes on stdin when the agent reads it from there, so no quoting or argv parsing can alter it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from .errors import AgentConfigError
+
+__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "write_private_json"]
+
+# A bearer token's characters (RFC 6750). Anything else could be read as syntax by an agent's config loader:
+# Pi runs a value starting with "!" as a shell command and OpenCode substitutes "{env:...}".
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentRollout:
+    """Everything an agent spec needs to know about one rollout."""
+
+    base_url: str  # http://HOST:PORT/rollout/<id>/v1
+    secret: str = field(repr=False)  # the rollout's bearer secret; opens this rollout only
+    model: str  # the model name the server serves (ServerConfig.served_model_name)
+    workspace: Path  # the agent's working directory: the task's files
+    home: Path  # the agent's own HOME; its config files go here
+    instruction: str
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise AgentConfigError(f"base_url must be http(s): {self.base_url!r}")
+        if not _TOKEN.fullmatch(self.secret):
+            raise AgentConfigError("the rollout secret must be a non-empty bearer token (A-Z a-z 0-9 . _ ~ + / = -)")
+        if not self.model or self.model.strip() != self.model:
+            raise AgentConfigError(f"model must be a non-empty name without surrounding spaces: {self.model!r}")
+        if not self.instruction.strip():
+            raise AgentConfigError("the instruction is empty")
+        for name in ("workspace", "home"):
+            if not getattr(self, name).is_absolute():
+                raise AgentConfigError(f"{name} must be an absolute path: {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentLaunch:
+    """How to start the agent: what a sandbox needs, and nothing host-specific."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False)  # may hold the secret (the command agent); shown by key only
+    cwd: Path
+    stdin: bytes | None = field(default=None, repr=False)  # written to the agent's stdin, which is then closed
+    files_written: tuple[Path, ...] = ()
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # scrubbed from whatever the sandbox keeps
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise AgentConfigError("argv is empty")
+        for secret in self.secrets:
+            if any(secret in arg for arg in self.argv):
+                raise AgentConfigError("a secret is in argv, where every user of the machine can read it")
+
+    def __repr__(self) -> str:
+        return f"AgentLaunch(argv={self.argv!r}, env_keys={sorted(self.env)!r}, cwd={str(self.cwd)!r})"
+
+
+@runtime_checkable
+class AgentSpec(Protocol):
+    """A frozen description of how to run one kind of agent; `prepare` is called once per rollout."""
+
+    @property
+    def name(self) -> str: ...
+
+    def prepare(self, rollout: AgentRollout) -> AgentLaunch: ...
+
+
+def write_private_json(path: Path, data: object) -> Path:
+    """Write `data` as JSON readable by the owner only (0600), creating parent directories (0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        os.fchmod(file.fileno(), 0o600)  # the mode argument does not apply to a file that already existed
+        json.dump(data, file, indent=2)
+        file.write("\n")
+    return path

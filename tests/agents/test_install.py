@@ -1,0 +1,83 @@
+"""Installing pinned agents, with a fake `npm` that lays out what `npm install --prefix` would (no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents import InstallError
+from agents.install import install_agent, main
+from agents.packages import PI, STAMP
+
+# Lays out <prefix>/node_modules/.bin/pi reporting $FAKE_VERSION, as `npm install --prefix P pkg@v` would, and
+# counts its calls.
+FAKE_NPM = """#!/bin/sh
+echo call >> "$NPM_CALLS"
+prefix=$3
+mkdir -p "$prefix/node_modules/.bin"
+printf '#!/bin/sh\\necho %s\\n' "$FAKE_VERSION" > "$prefix/node_modules/.bin/pi"
+chmod +x "$prefix/node_modules/.bin/pi"
+[ -z "$FAKE_NPM_FAIL" ] || { echo "npm ERR! 404 Not Found" >&2; exit 1; }
+"""
+
+
+@pytest.fixture
+def fake_npm(tmp_path, monkeypatch) -> Path:
+    npm = tmp_path / "npm-bin" / "npm"
+    npm.parent.mkdir()
+    npm.write_text(FAKE_NPM)
+    npm.chmod(0o755)
+    calls = tmp_path / "npm-calls"
+    monkeypatch.setenv("NPM_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_VERSION", PI.version)
+    monkeypatch.setenv("PATH", f"{npm.parent}:/usr/bin:/bin")
+    return calls
+
+
+def npm_calls(calls: Path) -> int:
+    return len(calls.read_text().split()) if calls.exists() else 0
+
+
+def test_install_lays_out_the_pinned_agent_and_is_idempotent(tmp_path, fake_npm):
+    root = tmp_path / "agents"
+    binary = install_agent("pi", root=root)
+    assert binary == PI.prefix(root) / "node_modules" / ".bin" / "pi"
+    assert (PI.prefix(root) / STAMP).read_text().strip() == PI.version
+    assert install_agent("pi", root=root) == binary
+    assert npm_calls(fake_npm) == 1, "a finished install is not redone"
+    install_agent("pi", root=root, force=True)
+    assert npm_calls(fake_npm) == 2
+    assert [p.name for p in root.iterdir()] == [PI.prefix(root).name], "no scratch directory is left behind"
+
+
+def test_a_program_reporting_another_version_is_not_installed(tmp_path, fake_npm, monkeypatch):
+    monkeypatch.setenv("FAKE_VERSION", "0.0.1")
+    with pytest.raises(InstallError, match="expected 0.73.1"):
+        install_agent("pi", root=tmp_path / "agents")
+    assert list((tmp_path / "agents").iterdir()) == []
+
+
+def test_npm_failure_is_reported_with_its_stderr(tmp_path, fake_npm, monkeypatch):
+    monkeypatch.setenv("FAKE_NPM_FAIL", "1")
+    with pytest.raises(InstallError, match="404 Not Found"):
+        install_agent("pi", root=tmp_path / "agents")
+
+
+def test_missing_npm_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InstallError, match="Node.js"):
+        install_agent("pi", root=tmp_path / "agents")
+
+
+def test_unknown_agent_is_refused(tmp_path):
+    with pytest.raises(InstallError, match="known: opencode, pi"):
+        install_agent("claude", root=tmp_path)
+
+
+def test_main_installs_and_returns_nonzero_on_failure(tmp_path, fake_npm, monkeypatch, capsys):
+    assert main(["pi", "--dir", str(tmp_path / "agents")]) == 0
+    assert str(PI.prefix(tmp_path / "agents")) in capsys.readouterr().out
+    monkeypatch.setenv("FAKE_VERSION", "0.0.1")
+    assert main(["pi", "--dir", str(tmp_path / "other"), "--force"]) == 1
+    assert "expected 0.73.1" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""The runner end to end with a real agent program (examples/agents/simple_agent.py, the OpenAI SDK) against the
+server and a scripted policy: the tool the model called runs in the workspace, the answer is graded on the host,
+and every way a rollout can go wrong ends with its cause and no reward."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents import CommandAgent, PiAgent
+from agents.runner import Runner, RunnerConfig
+from agents.tasks import Task
+from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
+from tests.fakes import Fault, Slow
+from tests.invariants import assert_token_exact
+
+AGENT = CommandAgent(argv=(sys.executable, str(Path("examples/agents/simple_agent.py").resolve())))
+
+
+def bash_call(command: str) -> str:
+    return '<tool_call>\n{"name": "bash", "arguments": {"command": "%s"}}\n</tool_call>' % command
+
+
+def task(**overrides) -> Task:
+    data = {
+        "id": "submit-5",
+        "instruction": "Submit the answer 5 by running: answer 5",
+        "grader": {"kind": "answer", "expected": "5", "match": "numeric"},
+        "limits": {"wall_s": 60, "idle_s": 30},
+        **overrides,
+    }
+    return Task.from_dict(data, base_dir=Path("."))
+
+
+@pytest.fixture
+async def server(scripted, tiny_model_dir, tmp_path):
+    config = ServerConfig(
+        upstream=UpstreamConfig(base_url=scripted.url, attempts=1, request_timeout_s=5),
+        model_dir=tiny_model_dir,
+        record_path=tmp_path / "rollouts.jsonl",
+    )
+    async with InterceptionServer(config) as server:
+        yield server
+
+
+async def test_agent_runs_the_tool_the_model_called_and_is_graded_on_the_host(server, scripted, tmp_path):
+    scripted.script(bash_call("env > seen_env.txt; answer 5"), "Submitted.")
+    records = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([task()], n=1)
+    (record,) = records
+    assert record.status == "ok", record.failure
+    assert record.reward == 1.0 and record.answer == "5"
+    assert [len(s.turns) for s in record.samples] == [2]
+    second_prompt = scripted.tokenizer.decode(scripted.calls[1].prompt_ids)
+    assert "answer recorded" in second_prompt  # the tool's output went back to the model
+    assert_token_exact(record, scripted.calls)
+    assert (tmp_path / "rollouts.jsonl").read_text().count(record.rollout_id) == 1
+
+
+async def test_wrong_answer_is_reward_zero(server, scripted):
+    scripted.script(bash_call("answer 6"), "Submitted.")
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([task()], n=1)
+    assert record.status == "ok" and record.reward == 0.0
+
+
+async def test_group_of_n_runs_n_rollouts_of_the_task(server, scripted):
+    scripted.default_reply = "I will not use tools."
+    records = await Runner(server, RunnerConfig(agent=AGENT, concurrency=2)).run_group(task(), n=3)
+    assert len({r.rollout_id for r in records}) == 3
+    assert all(r.status == "ok" and r.reward == 0.0 and r.metadata["task_id"] == "submit-5" for r in records)
+
+
+async def test_upstream_down_fails_the_rollout_without_a_reward(server, scripted):
+    scripted.script(*[Fault(500)] * 20)
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([task()], n=1)
+    assert record.status == "failed" and record.failure.cause in ("upstream", "agent")
+    assert record.reward is None
+
+
+async def test_agent_that_hangs_without_requests_hits_the_idle_watchdog(server):
+    hanging = CommandAgent(argv=(sys.executable, "-c", "import time; time.sleep(60)"))
+    quick = task(limits={"wall_s": 60, "idle_s": 1.0})
+    (record,) = await Runner(server, RunnerConfig(agent=hanging)).run_tasks([quick], n=1)
+    assert record.status == "timeout" and record.failure.cause == "idle"
+    assert record.reward is None
+
+
+async def test_slow_generation_is_not_mistaken_for_an_idle_agent(server, scripted):
+    scripted.script(Slow(bash_call("answer 5"), delay_s=2.5), "Submitted.")
+    quick = task(limits={"wall_s": 60, "idle_s": 1.5})
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([quick], n=1)
+    assert record.status == "ok" and record.reward == 1.0
+
+
+async def test_crashing_agent_is_a_failure_with_its_output(server):
+    crashing = CommandAgent(argv=(sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"))
+    (record,) = await Runner(server, RunnerConfig(agent=crashing)).run_tasks([task()], n=1)
+    assert record.status == "failed" and record.failure.cause == "agent"
+    assert "status 3" in record.failure.message and "boom" in record.failure.message
+
+
+async def test_missing_agent_binary_is_a_clear_failure(server):
+    missing = PiAgent(binary=Path("/nonexistent/pi"))
+    (record,) = await Runner(server, RunnerConfig(agent=missing)).run_tasks([task()], n=1)
+    assert record.status == "failed" and record.failure.cause == "agent"
+    assert "pi" in record.failure.message.lower()
+
+
+async def test_grader_failure_is_a_failure_not_a_zero(server, scripted):
+    scripted.script(bash_call("answer 5"), "Submitted.")
+    broken = task(grader={"kind": "command", "command": "sleep 5", "timeout_s": 0.2})
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([broken], n=1)
+    assert record.status == "failed" and record.failure.cause == "grader" and record.reward is None
+
+
+async def test_failed_setup_is_a_sandbox_failure(server):
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([task(setup=["exit 7"])], n=1)
+    assert record.status == "failed" and record.failure.cause == "sandbox"

@@ -1,0 +1,248 @@
+"""Agent specs: the files, environment and argv each one produces for a rollout, and where the secret may go.
+
+No agent is run here (tests/e2e/test_agents_*.py run the real ones): a fake executable stands in for the program.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agents import (
+    AgentConfigError,
+    AgentLaunch,
+    AgentNotInstalled,
+    AgentRollout,
+    AgentSpec,
+    CommandAgent,
+    OpenCodeAgent,
+    PiAgent,
+)
+from agents.packages import OPENCODE, PI, STAMP, find_binary
+
+SECRET = "s3cr3t-Token_abc.DEF~42"
+# An instruction that argv parsing would mangle: a leading dash, an @file, quotes, newlines, a placeholder.
+TRICKY = '-rf @notes.md say "hi"\n  then {model}\n'
+
+
+@pytest.fixture
+def fake_program(tmp_path) -> Path:
+    program = tmp_path / "bin" / "fake-agent"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    return program
+
+
+@pytest.fixture
+def rollout(tmp_path) -> AgentRollout:
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "home").mkdir()
+    return AgentRollout(
+        base_url="http://127.0.0.1:8123/rollout/r1/v1",
+        secret=SECRET,
+        model="policy",
+        workspace=tmp_path / "workspace",
+        home=tmp_path / "home",
+        instruction=TRICKY,
+    )
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def files_holding(root: Path, text: str) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file() and text in p.read_text(errors="replace")}
+
+
+def assert_secret_only_in_private_files(launch: AgentLaunch, rollout: AgentRollout, expected: set[Path]) -> None:
+    assert files_holding(rollout.home, SECRET) == expected
+    assert all(mode(path) == 0o600 for path in expected)
+    assert all(SECRET not in arg for arg in launch.argv)
+    assert all(SECRET not in value for value in launch.env.values()), "the agent's tools would inherit it"
+    assert "OPENAI_API_KEY" not in launch.env
+    assert launch.secrets == (SECRET,)  # so the sandbox scrubs it from the output it keeps
+
+
+def test_pi_writes_models_and_settings_and_keeps_the_secret_in_a_0600_file(rollout, fake_program):
+    launch = PiAgent(binary=fake_program, context_window=8192, max_tokens=1024).prepare(rollout)
+    agent_dir = rollout.home / ".pi" / "agent"
+    models = json.loads((agent_dir / "models.json").read_text())
+    assert models == {
+        "providers": {
+            "interceptor": {
+                "baseUrl": rollout.base_url,
+                "api": "openai-completions",
+                "apiKey": SECRET,
+                "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+                "models": [{"id": "policy", "contextWindow": 8192, "maxTokens": 1024, "reasoning": False}],
+            }
+        }
+    }
+    settings = json.loads((agent_dir / "settings.json").read_text())
+    assert settings["compaction"] == {"enabled": False}
+    assert set(launch.files_written) == {agent_dir / "models.json", agent_dir / "settings.json"}
+    assert_secret_only_in_private_files(launch, rollout, {agent_dir / "models.json"})
+    assert launch.env == {"HOME": str(rollout.home), "PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1"}
+    assert launch.argv == (str(fake_program), "--provider", "interceptor", "--model", "policy", "--no-session", "-p")
+    assert launch.cwd == rollout.workspace
+
+
+def test_pi_and_opencode_get_the_instruction_verbatim_on_stdin_not_in_argv(rollout, fake_program):
+    for spec in (PiAgent(binary=fake_program), OpenCodeAgent(binary=fake_program)):
+        launch = spec.prepare(rollout)
+        assert launch.stdin == TRICKY.encode()
+        assert not any("notes.md" in arg for arg in launch.argv)
+
+
+def test_pi_extra_args_go_before_the_print_flag(rollout, fake_program):
+    launch = PiAgent(binary=fake_program, extra_args=("--no-context-files",)).prepare(rollout)
+    assert launch.argv[-2:] == ("--no-context-files", "-p")  # after -p, Pi would take it as the message
+
+
+def test_pi_settings_overrides_merge_over_the_defaults(rollout, fake_program):
+    PiAgent(binary=fake_program, settings={"retry": {"enabled": False}}).prepare(rollout)
+    settings = json.loads((rollout.home / ".pi" / "agent" / "settings.json").read_text())
+    assert settings["retry"] == {"enabled": False} and settings["compaction"] == {"enabled": False}
+
+
+def test_opencode_config_names_the_policy_for_both_models_and_keeps_the_secret_in_a_0600_file(rollout, fake_program):
+    launch = OpenCodeAgent(binary=fake_program, context_window=8192, max_tokens=512).prepare(rollout)
+    config_path = Path(launch.env["OPENCODE_CONFIG"])
+    assert config_path.is_relative_to(rollout.home)
+    config = json.loads(config_path.read_text())
+    assert config["model"] == config["small_model"] == "interceptor/policy"
+    assert config["provider"]["interceptor"] == {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": "Interceptor",
+        "options": {"baseURL": rollout.base_url, "apiKey": SECRET},
+        "models": {"policy": {"name": "policy", "limit": {"context": 8192, "output": 512}}},
+    }
+    assert config["autoupdate"] is False and config["share"] == "disabled"
+    assert config["compaction"] == {"auto": False, "prune": False}  # both would rewrite the history
+    assert_secret_only_in_private_files(launch, rollout, {config_path})
+    assert launch.argv == (str(fake_program), "run", "-m", "interceptor/policy")
+
+
+def test_opencode_gets_its_own_home_xdg_dirs_and_no_network_extras(rollout, fake_program):
+    env = OpenCodeAgent(binary=fake_program).prepare(rollout).env
+    assert env["HOME"] == str(rollout.home)
+    for key in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
+        assert Path(env[key]).is_relative_to(rollout.home)
+    for flag in ("AUTOUPDATE", "MODELS_FETCH", "LSP_DOWNLOAD", "SHARE"):
+        assert env[f"OPENCODE_DISABLE_{flag}"] == "1"
+
+
+def test_opencode_plugin_install_is_marked_done_unless_asked_for(rollout, fake_program):
+    config_dir = rollout.home / ".config" / "opencode"
+    OpenCodeAgent(binary=fake_program).prepare(rollout)
+    lock = json.loads((config_dir / "package-lock.json").read_text())
+    assert "@opencode-ai/plugin" in lock["packages"][""]["dependencies"]
+    assert (config_dir / "node_modules").is_dir()
+
+    other = rollout.home.parent / "home2"
+    other.mkdir()
+    OpenCodeAgent(binary=fake_program, skip_plugin_install=False).prepare(replace(rollout, home=other))
+    assert not (other / ".config" / "opencode").exists()
+
+
+def test_opencode_config_overrides_replace_top_level_keys(rollout, fake_program):
+    launch = OpenCodeAgent(binary=fake_program, config={"permission": {"webfetch": "deny"}}).prepare(rollout)
+    config = json.loads(Path(launch.env["OPENCODE_CONFIG"]).read_text())
+    assert config["permission"] == {"webfetch": "deny"} and "provider" in config
+
+
+def test_command_agent_gets_the_openai_variables_and_placeholders_are_replaced_once(rollout, fake_program):
+    spec = CommandAgent(argv=(str(fake_program), "--task", "{instruction}", "--in", "{workspace}"), env={"X": "1"})
+    launch = spec.prepare(rollout)
+    assert launch.argv == (str(fake_program), "--task", TRICKY, "--in", str(rollout.workspace))  # "{model}" kept
+    assert launch.env == {
+        "X": "1",
+        "HOME": str(rollout.home),
+        "OPENAI_BASE_URL": rollout.base_url,
+        "OPENAI_API_KEY": SECRET,
+        "OPENAI_MODEL": "policy",
+    }
+    assert launch.stdin == TRICKY.encode() and launch.secrets == (SECRET,)
+    assert CommandAgent(argv=(str(fake_program),), instruction_on_stdin=False).prepare(rollout).stdin is None
+
+
+def test_command_agent_may_not_override_the_rollout_variables():
+    with pytest.raises(AgentConfigError, match="OPENAI_API_KEY"):
+        CommandAgent(argv=("x",), env={"OPENAI_API_KEY": "mine"})
+
+
+def test_command_agent_with_a_missing_program_says_so(rollout):
+    with pytest.raises(AgentNotInstalled, match="no-such-agent"):
+        CommandAgent(argv=("no-such-agent",)).prepare(rollout)
+
+
+def test_missing_agent_raises_with_how_to_install(rollout, tmp_path, monkeypatch):
+    monkeypatch.setenv("INTERCEPTOR_AGENTS_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    with pytest.raises(AgentNotInstalled) as pi:
+        PiAgent().prepare(rollout)
+    assert "interceptor agents install pi" in str(pi.value) and "@mariozechner/pi-coding-agent@0.73.1" in str(pi.value)
+    with pytest.raises(AgentNotInstalled, match="interceptor agents install opencode"):
+        OpenCodeAgent().prepare(rollout)
+
+
+def test_the_pinned_install_is_used_only_once_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    binary = OPENCODE.prefix(tmp_path) / "node_modules" / ".bin" / "opencode"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    with pytest.raises(AgentNotInstalled):  # no stamp: an interrupted install
+        find_binary(OPENCODE, root=tmp_path)
+    (OPENCODE.prefix(tmp_path) / STAMP).write_text(OPENCODE.version + "\n")
+    assert find_binary(OPENCODE, root=tmp_path) == binary
+
+
+def test_an_agent_on_path_is_found_when_not_installed(tmp_path, monkeypatch, fake_program):
+    (fake_program.parent / "pi").symlink_to(fake_program)
+    monkeypatch.setenv("PATH", str(fake_program.parent))
+    assert find_binary(PI, root=tmp_path / "empty") == fake_program.parent / "pi"
+
+
+def test_an_explicit_binary_must_be_executable(tmp_path, rollout):
+    not_executable = tmp_path / "pi"
+    not_executable.write_text("")
+    with pytest.raises(AgentConfigError, match="not an executable"):
+        PiAgent(binary=not_executable).prepare(rollout)
+
+
+@pytest.mark.parametrize("secret", ["!cat /etc/passwd", "{env:HOME}", "has space", ""])
+def test_a_secret_an_agent_would_interpret_is_refused(tmp_path, secret):
+    with pytest.raises(AgentConfigError, match="bearer token"):
+        AgentRollout(
+            base_url="http://h/v1", secret=secret, model="m", workspace=tmp_path, home=tmp_path, instruction="x"
+        )
+
+
+def test_a_secret_in_argv_is_refused(tmp_path):
+    with pytest.raises(AgentConfigError, match="argv"):
+        AgentLaunch(argv=("agent", f"--key={SECRET}"), env={}, cwd=tmp_path, secrets=(SECRET,))
+
+
+def test_reprs_never_show_the_secret(rollout, fake_program):
+    launch = CommandAgent(argv=(str(fake_program),)).prepare(rollout)
+    assert SECRET not in repr(rollout) and SECRET not in repr(launch)
+    assert "OPENAI_API_KEY" in repr(launch)  # keys are shown, values are not
+
+
+def test_every_spec_satisfies_the_protocol(fake_program):
+    for spec in (PiAgent(binary=fake_program), OpenCodeAgent(binary=fake_program), CommandAgent(argv=("x",))):
+        assert isinstance(spec, AgentSpec)
+
+
+def test_invalid_spec_settings_are_refused():
+    with pytest.raises(AgentConfigError):
+        PiAgent(context_window=1024, max_tokens=2048)
+    with pytest.raises(AgentConfigError):
+        OpenCodeAgent(provider="a/b")

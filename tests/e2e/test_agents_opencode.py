@@ -1,0 +1,79 @@
+"""The real OpenCode (pinned in agents.packages) against the interception server in front of a scripted policy.
+
+The "model" first calls OpenCode's `bash` tool, then answers in text. OpenCode must run the command in its workspace,
+send the result back as a `tool` message, and the rollout's record must hold both turns as one token-exact sample;
+OpenCode's concurrent title request must be an auxiliary sample beside it. The tool's environment must hold no
+credential: OpenCode reads the secret from its 0600 config file. Skipped when OpenCode is not installed
+(scripts/setup-agents.sh); failed instead under CI=true.
+
+The title request and the first turn race to the policy, so both are scripted the same reply (the bash call): which
+one arrives first cannot change what the test sees. The title generator ignores a tool call.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agents import OpenCodeAgent
+from agents.packages import OPENCODE
+from tests.agents.agent_runs import bash_call, check_first_request, interception_server, require_agent, run_agent
+from tests.e2e.test_agents_pi import assert_no_credentials_in
+from tests.fakes import Slow
+from tests.invariants import assert_token_exact
+
+pytestmark = pytest.mark.e2e
+
+TOOLS = ["bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "webfetch", "write"]
+
+
+@pytest.fixture
+def opencode() -> OpenCodeAgent:
+    return OpenCodeAgent(binary=require_agent(OPENCODE), context_window=65536, max_tokens=512)
+
+
+def split_title_and_turns(run):
+    title = [r for r in run.chat_requests if not r.body.get("tools")]
+    turns = [r for r in run.chat_requests if r.body.get("tools")]
+    return title, turns
+
+
+async def test_opencode_runs_its_bash_tool_and_the_title_request_is_auxiliary(opencode, scripted, tiny_model_dir):
+    call = bash_call("env > env.txt; echo hi")
+    scripted.script(call, call, "All done.")
+    async with interception_server(scripted, tiny_model_dir) as server:
+        run = await run_agent(opencode, server, instruction="Write the environment to env.txt, then say hi.")
+    print(f"\nopencode: first request {run.first_request_s:.2f} s after launch, run {run.result.seconds:.2f} s")
+
+    assert run.result.ok, run.result
+    assert "All done." in run.result.stdout
+    assert "env.txt" in run.files, "the tool call was executed in the workspace"
+    title, (first, second) = split_title_and_turns(run)
+    assert len(title) == 1 and "title" in title[0].body["messages"][0]["content"]
+    assert sorted(t["function"]["name"] for t in first.body["tools"]) == TOOLS
+    tool_results = [m for m in second.body["messages"] if m["role"] == "tool"]
+    assert len(tool_results) == 1 and tool_results[0]["content"] == "hi\n"
+
+    auxiliary = [s for s in run.record.samples if s.auxiliary]
+    main = [s for s in run.record.samples if not s.auxiliary]
+    assert len(auxiliary) == 1 and len(auxiliary[0].turns) == 1, "the title request"
+    assert len(main) == 1 and len(main[0].turns) == 2
+    assert_token_exact(run.record, scripted.calls)
+    assert_no_credentials_in(run.files["env.txt"], run.secret)
+    assert run.files_with_secret == {"home/.config/interceptor/opencode.json"}
+    check_first_request("opencode", OPENCODE, run, first)
+
+
+async def test_opencode_reads_through_keepalive_comments_of_slow_generations(opencode, scripted, tiny_model_dir):
+    call = Slow(bash_call("echo slow > slow.txt"), 1.2)
+    scripted.script(call, call, Slow("Done slowly.", 1.2))
+    async with interception_server(scripted, tiny_model_dir, keepalive_s=0.3) as server:
+        run = await run_agent(opencode, server, instruction="Write slow into slow.txt.")
+
+    assert run.result.ok, run.result
+    assert "Done slowly." in run.result.stdout and run.files["slow.txt"] == "slow\n"
+    _, turns = split_title_and_turns(run)
+    assert len(turns) == 2
+    assert all(request.response.count(b": keepalive") >= 2 for request in run.chat_requests)
+    main = [s for s in run.record.samples if not s.auxiliary]
+    assert len(main) == 1 and len(main[0].turns) == 2
+    assert_token_exact(run.record, scripted.calls)
