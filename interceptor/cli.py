@@ -48,6 +48,12 @@ def _agents_install(args: argparse.Namespace) -> int:
     return install_main([*args.names, *(["--force"] if args.force else [])])
 
 
+def _train(args: argparse.Namespace) -> int:
+    from trainer.train_main import run_train_from_args
+
+    return run_train_from_args(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from trainer.demo import run_demo_from_args
 
@@ -105,6 +111,9 @@ def _build_parser() -> argparse.ArgumentParser:
     install.add_argument("action", choices=("install",))
     install.add_argument("names", nargs="+", choices=("pi", "opencode"), metavar="NAME")
     install.add_argument("--force", action="store_true")
+
+    train = command("train", _train, "GRPO on a real agent: TRL AsyncGRPOTrainer fed by intercepted rollouts")
+    train.add_argument("--config", required=True, help="a TOML file (see trainer/train_main.py)")
 
     demo = command("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
     demo.add_argument("--workdir", default="runs/demo")

@@ -1,0 +1,264 @@
+"""`interceptor train --config FILE`: GRPO on a real agent, on one machine.
+
+    policy server (local engine in this process, or vLLM) <- interception server <- agents (runner)
+         ^ weights (in process, or reload from disk)            | token-exact samples, host rewards
+         '---------------- TRL AsyncGRPOTrainer <- rollout worker (groups, advantages) <-'
+
+The config file is TOML; every key is optional except `tasks`:
+
+    model = "runs/train/model"      # a model directory; built (the tiny model, trained to call tools) if missing
+    upstream = "local"              # or a vLLM URL serving `model` (weights then go by reload from disk)
+    agent = "command"               # pi | opencode | command
+    command = "python examples/agents/simple_agent.py"
+    tasks = "examples/tasks/arithmetic.jsonl"
+    out = "runs/train"
+    temperature = 1.0               # the trainer assumes it (raw logprobs): keep 1.0 unless vLLM runs processed
+    max_tokens = 64
+    num_generations = 4
+    samples_per_step = 8
+    max_steps = 20
+    learning_rate = 1e-4
+    max_staleness = 2
+    concurrency = 4
+
+The trainer's loop runs in a worker thread; this process's event loop keeps serving the engine, the interception
+server and the agents. Per step it prints the metrics, appends them to `OUT/metrics.jsonl`, and at the end plots
+the mean reward per step to `OUT/reward.png` (matplotlib, when installed). trackio is used when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import time
+import tomllib
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+__all__ = ["TrainConfig", "TrainResult", "run_train_from_args", "train"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    tasks: Path
+    model: Path = Path("runs/train/model")
+    upstream: str = "local"
+    agent: str = "command"
+    command: str = "python examples/agents/simple_agent.py --max-turns 3"
+    out: Path = Path("runs/train")
+    temperature: float = 1.0
+    max_tokens: int = 64
+    num_generations: int = 4
+    samples_per_step: int = 8
+    max_steps: int = 20
+    learning_rate: float = 1e-4
+    max_staleness: int = 2
+    concurrency: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "model", "out"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.agent not in ("pi", "opencode", "command"):
+            raise ValueError(f"agent must be pi, opencode or command, not {self.agent!r}")
+        if self.max_steps < 1 or self.num_generations < 2 or self.samples_per_step < 1:
+            raise ValueError("max_steps >= 1, num_generations >= 2 and samples_per_step >= 1 are needed")
+
+    @classmethod
+    def load(cls, path: Path | str) -> TrainConfig:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)  # relative paths are relative to the working directory, as on a command line
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResult:
+    steps: int
+    reward_per_step: list[float]
+    engine_weight_version: int | None
+    samples: list[tuple[int, float, int]]  # (group_id, advantage, model_version) of every sample trained on
+    seconds: float
+    metrics_path: Path
+
+
+def _agent_spec(config: TrainConfig, *, context_window: int):
+    from agents import CommandAgent, OpenCodeAgent, PiAgent
+
+    if config.agent == "pi":
+        return PiAgent(context_window=context_window, max_tokens=config.max_tokens)
+    if config.agent == "opencode":
+        return OpenCodeAgent(context_window=context_window, max_tokens=config.max_tokens)
+    argv = shlex.split(config.command)
+    if argv and argv[0] in ("python", "python3"):
+        import sys
+
+        argv[0] = sys.executable  # the agent runs in its own workspace: use this interpreter, by absolute path
+    argv = [str(Path(a).resolve()) if a.endswith(".py") and Path(a).is_file() else a for a in argv]
+    return CommandAgent(argv=tuple(argv))
+
+
+def _log_callback(metrics_path: Path, rewards: list[float]):
+    from transformers import TrainerCallback
+
+    class PrintMetrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001 (TRL's callback signature)
+            logs = dict(logs or {})
+            reward = logs.get("rollouts/reward_mean")
+            if reward is not None and state.global_step > len(rewards):
+                rewards.append(float(reward))
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+            shown = {k: logs[k] for k in ("loss", "rollouts/reward_mean", "rollouts/reward_std", "ratio") if k in logs}
+            print(f"step {state.global_step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()), flush=True)
+
+    return PrintMetrics()
+
+
+async def train(config: TrainConfig) -> TrainResult:
+    import torch
+    from datasets import Dataset
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from agents.runner import Runner, RunnerConfig
+    from agents.tasks import load_tasks
+    from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
+
+    from .advantages import GroupFilter
+    from .cpu_compat import CPU_CONFIG, apply_cpu_compat
+    from .engine import EngineConfig, LocalEngine
+    from .local_model import ensure_local_model
+    from .weight_sync import GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer
+    from .worker import InterceptorRolloutWorker, WorkerConfig
+
+    started = time.perf_counter()
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        apply_cpu_compat()
+    config.out.mkdir(parents=True, exist_ok=True)
+    metrics_path = config.out / "metrics.jsonl"
+    metrics_path.unlink(missing_ok=True)
+    tasks = load_tasks(config.tasks)
+    loop = asyncio.get_running_loop()
+    engine = None
+    async with AsyncExitStack() as stack:
+        if config.upstream == "local":
+            model_dir = await asyncio.to_thread(ensure_local_model, config.model)
+            engine = await stack.enter_async_context(
+                LocalEngine(EngineConfig(model=model_dir, port=0, served_model_name="policy", seed=config.seed))
+            )
+            upstream_url = engine.base_url
+        else:
+            model_dir, upstream_url = config.model, config.upstream
+        server = await stack.enter_async_context(
+            InterceptionServer(
+                ServerConfig(
+                    upstream=UpstreamConfig(base_url=upstream_url),
+                    model_dir=model_dir,
+                    record_path=config.out / "rollouts.jsonl",
+                )
+            )
+        )
+        runner = Runner(
+            server,
+            RunnerConfig(
+                agent=_agent_spec(config, context_window=server.policy.max_model_len),
+                # The trainer scores at temperature `temperature` with no top-k/top-p: sample the same way.
+                sampling=SamplingSettings(temperature=config.temperature, max_tokens=config.max_tokens),
+                concurrency=config.concurrency,
+            ),
+        )
+        worker = InterceptorRolloutWorker(
+            runner=runner,
+            tasks=tasks,
+            loop=loop,
+            config=WorkerConfig(
+                num_generations=config.num_generations,
+                samples_per_step=config.samples_per_step,
+                max_staleness=config.max_staleness,
+                filter=GroupFilter(),
+            ),
+        )
+        if engine is not None:
+            inner = LocalEngineTransfer(engine, loop=loop)
+        else:
+            inner = ReloadFromDiskTransfer(base_url=upstream_url, weights_dir=config.out / "weights", config_dir=model_dir)
+        transfer = GatedTransfer(inner, gate=server, loop=loop)
+        report_to = "trackio" if _installed("trackio") else "none"
+        args = AsyncGRPOConfig(
+            **(CPU_CONFIG if on_cpu else {}),
+            output_dir=str(config.out / "trainer"),
+            max_steps=config.max_steps,
+            per_device_train_batch_size=config.samples_per_step,
+            token_budget=0,
+            learning_rate=config.learning_rate,
+            max_staleness=config.max_staleness,
+            temperature=config.temperature,
+            activation_checkpointing=False,
+            report_to=report_to,
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            seed=config.seed,
+        )
+        rewards: list[float] = []
+        trainer = AsyncGRPOTrainer(
+            model=str(model_dir),
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["unused: the rollout worker owns the prompts"]}),
+            rollout_worker=worker,
+            weight_transfer=transfer,
+            callbacks=[_log_callback(metrics_path, rewards)],
+        )
+        await asyncio.to_thread(trainer.train)
+        version = engine.weight_version if engine is not None else None
+    _plot(rewards, config.out / "reward.png")
+    return TrainResult(
+        steps=config.max_steps,
+        reward_per_step=rewards,
+        engine_weight_version=version,
+        samples=list(worker.pushed),
+        seconds=time.perf_counter() - started,
+        metrics_path=metrics_path,
+    )
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _plot(rewards: list[float], path: Path) -> None:
+    if not rewards or not _installed("matplotlib"):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.plot(range(1, len(rewards) + 1), rewards, marker="o")
+    axis.set_xlabel("training step")
+    axis.set_ylabel("mean reward of the step's groups")
+    axis.set_ylim(-0.05, 1.05)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run_train_from_args(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    config = TrainConfig.load(args.config)
+    result = asyncio.run(train(config))
+    print(f"\n{result.steps} steps in {result.seconds:.0f}s; mean reward per step: "
+          + " ".join(f"{r:.2f}" for r in result.reward_per_step))
+    print(f"metrics: {result.metrics_path}; plot: {config.out / 'reward.png'}")
+    return 0
