@@ -45,11 +45,10 @@ def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
 
 
 async def _local_model(args: argparse.Namespace, out: Path) -> Path:
-    if args.model:
-        return Path(args.model)
+    """The model the local engine serves: `--model DIR` (built there first if it does not exist yet)."""
     from trainer.local_model import ensure_local_model
 
-    return await asyncio.to_thread(ensure_local_model, out.parent / "model")
+    return await asyncio.to_thread(ensure_local_model, Path(args.model) if args.model else out.parent / "model")
 
 
 def _progress(total: int):

@@ -1,7 +1,7 @@
 """`interceptor inspect FILE [--rollout ID] [--model DIR]`: read a trajectory file back and summarise it.
 
 Without `--rollout`: counts of rollouts by status, samples, tokens (sampled and not), forks, auxiliary samples,
-failures by cause, and the mean reward where the runner stored one. With `--rollout`: that rollout's samples and
+failures by cause, and the mean reward of the graded rollouts. With `--rollout`: that rollout's samples and
 turns, each span marked `[prompt]` (mask 0) or `[sampled]` (mask 1), decoded when `--model` gives the tokenizer.
 """
 
@@ -34,9 +34,8 @@ def summarise(records: Iterable[RolloutRecord]) -> dict:
             sampled = sum(sample.completion_mask)
             totals["sampled_tokens"] += sampled
             totals["prompt_tokens"] += len(sample.input_ids) - sampled
-        reward = record.metadata.get("reward")
-        if isinstance(reward, (int, float)):
-            rewards.append(float(reward))
+        if record.reward is not None:
+            rewards.append(record.reward)
     return {
         "rollouts": sum(status.values()),
         "by_status": dict(status),

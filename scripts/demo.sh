@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Set up the project venv, then run the main job on the embedded default: a tiny Qwen3 model built offline, served
-# by the local CPU engine, behind the interception server. Extra arguments go to `interceptor demo`.
+# Set up, then run the main job on the embedded default: Pi rollouts on the example tasks, through the interception
+# server, against the tiny model served by the local CPU engine (built offline on first use), graded on the host.
+# Extra arguments go to `interceptor run` (e.g. `-n 4`, `--agent opencode`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/interceptor demo "$@"
+bash scripts/setup-agents.sh pi
+exec .venv/bin/interceptor run --agent pi --tasks examples/tasks/arithmetic.jsonl --upstream local \
+  --model runs/model -n 2 --concurrency 2 --max-tokens 96 --out runs/demo "$@"

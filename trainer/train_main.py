@@ -104,15 +104,15 @@ def _agent_spec(config: TrainConfig, *, context_window: int):
     return CommandAgent(argv=tuple(argv))
 
 
-def _log_callback(metrics_path: Path, rewards: list[float]):
+def _log_callback(metrics_path: Path, rewards: dict[int, float]):
     from transformers import TrainerCallback
 
     class PrintMetrics(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001 (TRL's callback signature)
             logs = dict(logs or {})
             reward = logs.get("rollouts/reward_mean")
-            if reward is not None and state.global_step > len(rewards):
-                rewards.append(float(reward))
+            if reward is not None:
+                rewards[state.global_step] = float(reward)  # the last log of a step wins
             with open(metrics_path, "a") as f:
                 f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
             shown = {k: logs[k] for k in ("loss", "rollouts/reward_mean", "rollouts/reward_std", "ratio") if k in logs}
@@ -207,7 +207,7 @@ async def train(config: TrainConfig) -> TrainResult:
             disable_tqdm=True,
             seed=config.seed,
         )
-        rewards: list[float] = []
+        rewards: dict[int, float] = {}
         trainer = AsyncGRPOTrainer(
             model=str(model_dir),
             args=args,
@@ -218,10 +218,11 @@ async def train(config: TrainConfig) -> TrainResult:
         )
         await asyncio.to_thread(trainer.train)
         version = engine.weight_version if engine is not None else None
-    _plot(rewards, config.out / "reward.png")
+    per_step = [rewards[step] for step in sorted(rewards)]
+    _plot(sorted(rewards.items()), config.out / "reward.png")
     return TrainResult(
         steps=config.max_steps,
-        reward_per_step=rewards,
+        reward_per_step=per_step,
         engine_weight_version=version,
         samples=list(worker.pushed),
         seconds=time.perf_counter() - started,
@@ -235,7 +236,7 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _plot(rewards: list[float], path: Path) -> None:
+def _plot(rewards: list[tuple[int, float]], path: Path) -> None:
     if not rewards or not _installed("matplotlib"):
         return
     import matplotlib
@@ -244,7 +245,7 @@ def _plot(rewards: list[float], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot(range(1, len(rewards) + 1), rewards, marker="o")
+    axis.plot([step for step, _ in rewards], [reward for _, reward in rewards], marker="o")
     axis.set_xlabel("training step")
     axis.set_ylabel("mean reward of the step's groups")
     axis.set_ylim(-0.05, 1.05)

@@ -43,6 +43,7 @@ class WorkerConfig:
     max_inflight_groups: int | None = None  # default: ceil(max_staleness * samples_per_step / num_generations)
     filter: GroupFilter = field(default_factory=GroupFilter)
     stop_timeout_s: float = 60.0
+    max_empty_groups: int = 64  # groups in a row that trained nothing (zero variance...): no learning signal left
 
     def __post_init__(self) -> None:
         if self.num_generations < 2:
@@ -80,6 +81,7 @@ class InterceptorRolloutWorker:
         self._stopping: asyncio.Event | None = None
         self._last_progress = time.monotonic()
         self.counters: Counter = Counter()
+        self._empty_groups_in_a_row = 0
         self.pushed: list[tuple[int, float, int]] = []  # (group_id, advantage, model_version) per sample pushed
 
     # ---------------------------------------------------------------------- TRL's protocol (trainer thread)
@@ -112,6 +114,11 @@ class InterceptorRolloutWorker:
         if self._future is not None and self._future.done():
             error = self._future.exception()
             raise RuntimeError(f"the rollout loop stopped: {error!r}") from error
+        if self._empty_groups_in_a_row >= self.config.max_empty_groups:
+            raise RuntimeError(
+                f"the last {self._empty_groups_in_a_row} groups trained nothing (zero reward variance or failed "
+                "rollouts): the tasks are solved, or unsolvable, for this policy; see the rollouts/* metrics"
+            )
         idle = time.monotonic() - self._last_progress
         if idle > stale_after_s:
             raise RuntimeError(f"no group finished for {idle:.0f}s (stale after {stale_after_s}s)")
@@ -173,6 +180,7 @@ class InterceptorRolloutWorker:
             self.rollout_buffer.put(sample)
             self.pushed.append((sample.group_id, sample.advantage, sample.model_version))
         self._last_progress = time.monotonic()
+        self._empty_groups_in_a_row = 0 if outcome.samples else self._empty_groups_in_a_row + 1
         self.counters["groups"] += 1
         self.counters["samples"] += len(outcome.samples)
         self._push_metrics(_group_metrics(records, outcome, version, self.model_version))

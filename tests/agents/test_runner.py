@@ -37,7 +37,7 @@ def task(**overrides) -> Task:
 @pytest.fixture
 async def server(scripted, tiny_model_dir, tmp_path):
     config = ServerConfig(
-        upstream=UpstreamConfig(base_url=scripted.url, attempts=1, request_timeout_s=5),
+        upstream=UpstreamConfig(base_url=scripted.url, attempts=1, request_timeout_s=20),
         model_dir=tiny_model_dir,
         record_path=tmp_path / "rollouts.jsonl",
     )
@@ -87,8 +87,8 @@ async def test_agent_that_hangs_without_requests_hits_the_idle_watchdog(server):
 
 
 async def test_slow_generation_is_not_mistaken_for_an_idle_agent(server, scripted):
-    scripted.script(Slow(bash_call("answer 5"), delay_s=2.5), "Submitted.")
-    quick = task(limits={"wall_s": 60, "idle_s": 1.5})
+    scripted.script(Slow(bash_call("answer 5"), delay_s=8), "Submitted.")
+    quick = task(limits={"wall_s": 60, "idle_s": 4})  # room for the agent's start-up; the generation takes twice that
     (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([quick], n=1)
     assert record.status == "ok" and record.reward == 1.0
 
