@@ -99,3 +99,16 @@ async def test_tool_calls_accumulate_from_stream_deltas(scripted, tiny_model_dir
         ("bash", '{"cmd": "pwd"}'),
     ]
     assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+async def test_openai_sdk_streams_through_keepalive_comments(scripted, tiny_model_dir):
+    from tests.fakes import Slow
+
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir, keepalive_s=0.2)
+    scripted.script(Slow("after a long think", delay_s=1.0))
+    async with InterceptionServer(config) as server:
+        handle = server.open_rollout()
+        async with AsyncOpenAI(base_url=handle.base_url, api_key=handle.secret, max_retries=0) as client:
+            stream = await client.chat.completions.create(model="p", messages=MESSAGES, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == "after a long think"
