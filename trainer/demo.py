@@ -25,7 +25,7 @@ from interceptor.inspect import show_rollout, summarise
 from .engine import EngineConfig, LocalEngine
 from .tiny_model import make_tiny_model
 
-__all__ = ["run_demo_from_args"]
+__all__ = ["collect_message", "run_demo_from_args"]
 
 TOOLS = [
     {
@@ -37,6 +37,25 @@ TOOLS = [
         },
     }
 ]
+
+
+async def collect_message(stream) -> dict:
+    """The assistant message an OpenAI SDK stream adds up to, as an agent sends it back (tool calls by index)."""
+    content, calls = "", {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or ():
+                slot = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
+                slot["name"] += call.function.name or ""
+                slot["arguments"] += call.function.arguments or ""
+    message: dict = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in calls.values()
+        ]
+    return message
 
 
 async def _play_agent(base_url: str, secret: str, turns: int) -> list[str]:
@@ -51,24 +70,12 @@ async def _play_agent(base_url: str, secret: str, turns: int) -> list[str]:
             stream = await client.chat.completions.create(
                 model="policy", messages=messages, tools=TOOLS, stream=True, max_tokens=24
             )
-            content, calls = "", {}
-            async for chunk in stream:
-                for choice in chunk.choices:
-                    content += choice.delta.content or ""
-                    for call in choice.delta.tool_calls or ():
-                        slot = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
-                        slot["name"] += call.function.name or ""
-                        slot["arguments"] += call.function.arguments or ""
-            shown.append(content or f"(tool calls: {[c['name'] for c in calls.values()]})")
-            assistant = {"role": "assistant", "content": content}
-            if calls:
-                assistant["tool_calls"] = [
-                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                    for c in calls.values()
-                ]
+            assistant = await collect_message(stream)
+            calls = assistant.get("tool_calls", [])
+            shown.append(assistant["content"] or f"(tool calls: {[c['function']['name'] for c in calls]})")
             messages.append(assistant)
             if calls:
-                messages += [{"role": "tool", "tool_call_id": c["id"], "content": "5"} for c in calls.values()]
+                messages += [{"role": "tool", "tool_call_id": c["id"], "content": "5"} for c in calls]
             else:
                 messages.append({"role": "user", "content": "Check it once more, then answer."})
     async with aiohttp.ClientSession() as http:

@@ -16,19 +16,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
+from tests.interceptor.test_trajectories import TOOLS
+from trainer.demo import collect_message
 from trainer.engine import EngineConfig, LocalEngine
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "run a shell command",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
-        },
-    }
-]
-
 
 async def converse(base_url: str, secret: str) -> None:
     async with AsyncOpenAI(base_url=base_url, api_key=secret, max_retries=0) as client:
@@ -37,23 +27,11 @@ async def converse(base_url: str, secret: str) -> None:
             stream = await client.chat.completions.create(
                 model="policy", messages=messages, tools=TOOLS, stream=True, max_tokens=6 if turn == 1 else 16
             )
-            content, calls = "", {}
-            async for chunk in stream:
-                for choice in chunk.choices:
-                    content += choice.delta.content or ""
-                    for call in choice.delta.tool_calls or ():
-                        slot = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
-                        slot["name"] += call.function.name or ""
-                        slot["arguments"] += call.function.arguments or ""
-            assistant = {"role": "assistant", "content": content}
-            if calls:
-                assistant["tool_calls"] = [
-                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                    for c in calls.values()
-                ]
+            assistant = await collect_message(stream)
+            calls = assistant.get("tool_calls", [])
             messages.append(assistant)
             if calls:
-                messages += [{"role": "tool", "tool_call_id": c["id"], "content": "a.txt b.txt"} for c in calls.values()]
+                messages += [{"role": "tool", "tool_call_id": c["id"], "content": "a.txt b.txt"} for c in calls]
             else:
                 messages.append({"role": "user", "content": f"Now step {turn + 1}: run `ls -la`."})
 
