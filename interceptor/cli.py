@@ -13,6 +13,12 @@ __all__ = ["main"]
 def _make_tiny_model(args: argparse.Namespace) -> int:
     from trainer.tiny_model import TinyModelSpec, make_tiny_model
 
+    if args.tool_calling:
+        from trainer.local_model import ensure_local_model
+
+        out = ensure_local_model(args.out)
+        print(f"wrote a tiny Qwen3 model trained to call tools to {out}")
+        return 0
     out = make_tiny_model(args.out, TinyModelSpec(real_vocab=args.real_vocab, seed=args.seed))
     print(f"wrote a tiny Qwen3 model to {out}")
     return 0
@@ -73,6 +79,11 @@ def _build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("out")
     tiny.add_argument("--real-vocab", action="store_true", help="use the real Qwen BPE vocabulary (151k tokens)")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--tool-calling",
+        action="store_true",
+        help="the embedded default: real vocabulary, 32k context, trained offline (~1-2 min) to answer with a tool call",
+    )
 
     engine = command("engine", _engine, "serve a local CPU policy with vLLM's /v1/completions contract")
     engine.add_argument("--model", required=True, help="a transformers model directory")

@@ -1,0 +1,162 @@
+"""Tool-calling tiny model: training time, and how often it makes the right call, greedy and at temperature 1.
+
+    python bench/bench_tool_model.py                      # real vocabulary, agents' captured prompts if present
+    python bench/bench_tool_model.py --small-vocab --steps 40 --json
+
+Builds a `tool_model_spec()` model in a temp dir, trains it with `train_tool_calling`, then generates (transformers
+`generate`, one thread, as the local engine does) on prompts it never saw: held-out task phrasings and numbers,
+distractor numbers, a long system prompt, and each captured agent's real system prompt and tools. A call is right
+when `parse_output` finds exactly one `bash` call with `{"command": "answer N"}` and nothing else before
+`<|im_end|>`. After the tool response the model must answer `Done.` with no call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from interceptor.parsing import parse_output  # noqa: E402
+from interceptor.protocol import normalize_messages  # noqa: E402
+from trainer.tiny_model import make_tiny_model  # noqa: E402
+from trainer.tool_model import BASH_TOOL, DONE_TEXT, ToolTrainingSpec, tool_model_spec, train_tool_calling  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT_REQUESTS = {name: ROOT / "tests" / "data" / f"{name}_first_request.json" for name in ("pi", "opencode")}
+HELD_OUT_TASKS = (
+    "Please submit the answer {n} when ready.",
+    "Submit the answer {n}, nothing else.",
+    "I computed it already: submit the answer {n} via bash.",
+    "There are 17 files here. Submit the answer {n}.",
+    "You have 5 minutes. Please submit the answer {n}.",
+)
+READ_TOOL = {"type": "function", "function": {"name": "read", "description": "Read a file.", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+LONG_SYSTEM = " ".join(
+    random.Random(1).choice("you are an agent read the files and run 12 commands carefully then report".split())
+    for _ in range(1500)
+)
+
+
+def generate(model, tokenizer, prompts: list[str], *, temperature: float | None, max_new_tokens: int = 40) -> list[str]:
+    import torch
+
+    tokenizer.padding_side = "left"
+    texts = []
+    for i in range(0, len(prompts), 8):
+        batch = tokenizer(prompts[i:i + 8], return_tensors="pt", padding=True, add_special_tokens=False)
+        sampling = {"do_sample": False} if temperature is None else {
+            "do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        with torch.no_grad():
+            out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **sampling)
+        for row in out[:, batch["input_ids"].shape[1]:]:
+            texts.append(tokenizer.decode(row, skip_special_tokens=False).replace(tokenizer.pad_token, ""))
+    return texts
+
+
+def is_answer_call(text: str, number: int) -> bool:
+    if not text.endswith("<|im_end|>") or text.count("<|im_end|>") != 1:
+        return False
+    parsed = parse_output(text.removesuffix("<|im_end|>"))
+    return (not parsed.malformed and parsed.content is None and len(parsed.calls) == 1
+            and parsed.calls[0].name == "bash"
+            and json.loads(parsed.calls[0].arguments) == {"command": f"answer {number}"})
+
+
+def first_turn(tokenizer, system: str | None, tools: list[dict], task: str) -> str:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": task}]
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+
+
+def second_turn(tokenizer, system: str | None, tools: list[dict], task: str, number: int, output: str) -> str:
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": f"answer {number}"})}}
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": output},
+    ]
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+
+
+def evaluate(model_dir: Path, *, samples: int, seed: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rng = random.Random(seed)
+    numbers = [rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
+               for digits in (rng.choice((1, 2, 3, 4)) for _ in range(samples))]
+    tasks = [HELD_OUT_TASKS[i % len(HELD_OUT_TASKS)].format(n=n) for i, n in enumerate(numbers)]
+    contexts = {
+        "short system, bash + read": ("You are a coding agent.", [READ_TOOL, BASH_TOOL]),
+        "1500-word system prompt": (LONG_SYSTEM, [BASH_TOOL]),
+    }
+    for name, path in AGENT_REQUESTS.items():
+        if path.is_file():
+            body = json.loads(path.read_text())["request"]
+            system = next(m["content"] for m in normalize_messages(body["messages"]) if m["role"] == "system")
+            contexts[name] = (system, body["tools"])
+    results = {}
+    for name, (system, tools) in contexts.items():
+        count = samples if len(tools) < 4 else max(4, samples // 4)  # agents' prompts are slow to generate on
+        prompts = [first_turn(tokenizer, system, tools, task) for task in tasks[:count]]
+        greedy = generate(model, tokenizer, prompts, temperature=None)
+        sampled = generate(model, tokenizer, prompts, temperature=1.0)
+        after = generate(model, tokenizer, [
+            second_turn(tokenizer, system, tools, task, n, rng.choice(("ok", "", "Answer recorded.", "error: 1")))
+            for task, n in zip(tasks[:count], numbers)], temperature=None, max_new_tokens=12)
+        results[name] = {
+            "prompts": count,
+            "greedy": sum(map(is_answer_call, greedy, numbers)) / count,
+            "temperature_1": sum(map(is_answer_call, sampled, numbers)) / count,
+            "done_after_tool": sum(text == DONE_TEXT + "<|im_end|>" for text in after) / count,
+            "greedy_failures": [text for text, n in zip(greedy, numbers) if not is_answer_call(text, n)][:3],
+        }
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small-vocab", action="store_true")
+    parser.add_argument("--steps", type=int, default=ToolTrainingSpec().steps)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-agents", action="store_true", help="do not train on the captured agent requests")
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    agents = () if args.no_agents else tuple(p for p in AGENT_REQUESTS.values() if p.is_file())
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_tiny_model(Path(tmp) / "tool", tool_model_spec(real_vocab=not args.small_vocab))
+        start = time.perf_counter()
+        report = train_tool_calling(model_dir, ToolTrainingSpec(steps=args.steps, seed=args.seed, agent_requests=agents))
+        wall = time.perf_counter() - start
+        results = evaluate(model_dir, samples=args.samples, seed=args.seed + 1)
+    summary = {"vocab": "small" if args.small_vocab else "real", "agents": [p.stem for p in agents],
+               "training": {**report.__dict__, "wall_seconds": wall}, "accuracy": results}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    t = summary["training"]
+    print(f"{summary['vocab']} vocabulary, {t['steps']} steps, {t['episodes']} episodes, {t['tokens']} tokens: "
+          f"{t['seconds']:.1f} s training loop, {wall:.1f} s with loading and saving; loss {t['final_loss']:.3f}")
+    print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'temp 1':>7} {'Done.':>6}")
+    for name, r in results.items():
+        print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['temperature_1']:>7.0%} {r['done_after_tool']:>6.0%}")
+        for text in r["greedy_failures"]:
+            print(f"{'':>30}wrong: {text[:90]!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

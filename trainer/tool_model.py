@@ -1,0 +1,587 @@
+"""Teach a tiny model one tool loop, offline, on CPU, in seconds: call the shell with `answer N`, then say "Done.".
+
+A random tiny model never emits a tool call, so real agents never run their tool loop against it and an RL example
+has nothing to learn. `train_tool_calling(model_dir, spec)` turns a `make_tiny_model` directory (built with
+`tool_model_spec()`) into a policy that, rendered with its own chat template and tools exactly as the interceptor
+renders an agent's requests, does:
+
+1. system prompt (none, short, long filler, or an agent's real one) + tools with a `bash` tool + a user task that
+   says "... answer N ..."  ->  `<tool_call>\\n{"name": "bash", "arguments": {"command": "answer N"}}\\n</tool_call>`
+   and `<|im_end|>`;
+2. ... + that call + the tool's `<tool_response>`  ->  `Done.<|im_end|>`;
+3. no tools at all (OpenCode's title request)  ->  a short text.
+
+How, in well under a minute: copying a number of any length out of the prompt needs an induction circuit, which
+gradient descent finds only after a long plateau. So the model starts from a structured initialisation (see
+`_wire_copy_circuit`): two layer-0 heads attend to the previous and the one-before-previous token by position, and
+a layer-1 head attends to where the last two tokens occurred before and copies the token that followed. Then
+plain supervised steps (AdamW, loss on assistant tokens only) teach the template, which number to copy, when to
+stop and what to say after the tool response. Every weight stays trainable. The initialisation also sets RoPE's
+base to 1e6 (Qwen3's own), so that the copy head's content dimensions barely rotate over a prompt's last few hundred
+tokens.
+
+Stochasticity is deliberate: a fraction `wrong_answer_rate` of the targets submit a perturbed number, so at
+temperature 1 the policy submits a wrong answer about that often while greedy decoding copies the number; fewer
+`steps` make a weaker starting policy. Training is deterministic for a seed (same machine, same thread count).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "BASH_TOOL",
+    "DONE_TEXT",
+    "ToolTrainingReport",
+    "ToolTrainingSpec",
+    "answer_call",
+    "tool_model_spec",
+    "train_tool_calling",
+]
+
+DONE_TEXT = "Done."
+TITLE_TEXT = "Submit the answer"  # what a request without tools (OpenCode's title request) gets
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Execute a shell command and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The command to run."}},
+            "required": ["command"],
+        },
+    },
+}
+_ROPE_THETA = 1_000_000.0
+
+
+def tool_model_spec(*, real_vocab: bool = True, seed: int = 0):
+    """The `TinyModelSpec` whose shape the structured initialisation needs (4 heads of 64, hidden 128)."""
+    from .tiny_model import TinyModelSpec
+
+    return TinyModelSpec(
+        hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=64,
+        real_vocab=real_vocab, seed=seed,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolTrainingSpec:
+    steps: int = 80
+    tokens_per_step: int = 2048  # episodes are packed back to back into rows; a step takes about this many tokens
+    row_tokens: int = 512  # a row's length (an episode longer than this gets a row of its own)
+    learning_rate: float = 3e-3
+    warmup_steps: int = 10
+    wrong_answer_rate: float = 0.1  # fraction of targets that submit a perturbed number: sampling variance for RL
+    long_prompt_rate: float = 0.1  # fraction of synthetic episodes behind a long filler system prompt
+    long_prompt_words: int = 1500
+    no_tools_rate: float = 0.05
+    agent_requests: tuple[Path, ...] = ()  # captured first requests whose system prompt and tools to train on
+    agent_request_rate: float = 0.5  # fraction of steps that also train on one episode behind one of them
+    seed: int = 0
+    # One thread: bitwise deterministic (two threads differ in the last bits from run to run), and on a shared
+    # 2-core machine two threads spin against the other process and a step takes up to 10x longer.
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.warmup_steps < 0:
+            raise ValueError("steps and warmup_steps must be >= 0")
+        if self.tokens_per_step < 64 or self.row_tokens < 64 or self.learning_rate <= 0 or self.threads < 1:
+            raise ValueError("tokens_per_step >= 64, row_tokens >= 64, learning_rate > 0, threads >= 1 are required")
+        rates = (self.wrong_answer_rate, self.long_prompt_rate, self.no_tools_rate, self.agent_request_rate)
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            raise ValueError("every *_rate must be within [0, 1]")
+        for path in self.agent_requests:
+            if not Path(path).is_file():
+                raise ValueError(f"agent request {path} does not exist")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolTrainingReport:
+    steps: int
+    episodes: int
+    tokens: int
+    seconds: float  # the training loop alone (episodes are made before it)
+    first_loss: float
+    final_loss: float  # mean over the last 10% of steps
+
+
+def answer_call(number: int | str, *, tool: str = "bash", argument: str = "command") -> str:
+    """The text of the tool call the trained model is taught to emit (without the end-of-turn token)."""
+    call = {"name": tool, "arguments": {argument: f"answer {number}"}}
+    return "<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"
+
+
+def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrainingSpec()) -> ToolTrainingReport:
+    """Initialise the model in `model_dir` for copying, train it, and save it in place; return what the run did."""
+    import torch
+
+    model_dir = Path(model_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        return _train(model_dir, spec)
+    finally:
+        torch.set_num_threads(threads)  # a process-wide setting: give the caller its own back
+
+
+def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(spec.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    config = AutoConfig.from_pretrained(str(model_dir))
+    config.rope_parameters = {"rope_type": "default", "rope_theta": _ROPE_THETA}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=torch.float32)
+    maker = _EpisodeMaker(tokenizer, spec)
+    steps = [maker.step() for _ in range(spec.steps)]
+    used = sorted({i for step in steps for episode in step.all() for i in episode.ids} | maker.vocabulary())
+    _wire_copy_circuit(model, used, maker.digits, seed=spec.seed)
+    model.train()
+    inputs = _TrainableRows(model.model.embed_tokens.weight, used)
+    outputs = _TrainableRows(model.lm_head.weight, used)
+    params = [p for p in model.parameters() if p.requires_grad] + [inputs.delta, outputs.delta]
+    optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: _lr_factor(i, spec))
+    losses: list[float] = []
+    start = time.perf_counter()
+    for step in steps:
+        loss = _loss(model, inputs, outputs, step, pad_id=tokenizer.pad_token_id)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    seconds = time.perf_counter() - start
+    inputs.commit()
+    outputs.commit()
+    model.eval()
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tail = losses[-max(1, len(losses) // 10):] if losses else [math.nan]
+    report = ToolTrainingReport(
+        steps=spec.steps,
+        episodes=sum(step.episodes for step in steps),
+        tokens=sum(len(episode.ids) for step in steps for episode in step.all()),
+        seconds=seconds,
+        first_loss=losses[0] if losses else math.nan,
+        final_loss=sum(tail) / len(tail),
+    )
+    record = {"spec": {**spec.__dict__, "agent_requests": [Path(p).name for p in spec.agent_requests]},
+              "report": report.__dict__}
+    (model_dir / "interceptor_tool_training.json").write_text(json.dumps(record, indent=2) + "\n")
+    return report
+
+
+def _lr_factor(step: int, spec: ToolTrainingSpec) -> float:
+    if step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The structured initialisation
+
+# The residual stream (hidden 128) is split: token identity (with a "this is a digit" flag, which is what tells the
+# model to stop copying a number), a constant, the previous token, the one before it.
+_TOKEN = slice(0, 39)
+_DIGIT = 39
+_COPIED = slice(0, 40)  # what the heads copy: identity and flag
+_CONSTANT = 40
+_PREVIOUS = slice(48, 88)  # a copy of _COPIED
+_BEFORE_PREVIOUS = slice(88, 128)
+_POSITION_PAIRS = 6  # RoPE's fastest pairs tell offset 1 from offsets 0 and 2
+_MATCH_PAIRS = (range(12, 22), range(22, 32))  # slow pairs (< 0.006 rad/token at base 1e6): near content-only
+_POSITION_SHARPNESS = 3.0  # q_norm/k_norm gains: attention logit gaps of ~10 between offset 1 and its neighbours
+_MATCH_SHARPNESS = 2.0
+
+
+def _wire_copy_circuit(model, used: list[int], digits: list[int], *, seed: int) -> None:
+    """Re-initialise the embeddings and two heads so that head 0 of layer 1 copies "the token that followed the
+    last two tokens when they occurred before" (a two-token induction head; two tokens, so that repeated digits in
+    a number are not ambiguous). The other heads, the MLPs and every weight stay trainable."""
+    import torch
+
+    config = model.config
+    hidden, head_dim = config.hidden_size, config.head_dim
+    if config.tie_word_embeddings:
+        raise ValueError("the tool-calling initialisation needs untied input and output embeddings")
+    heads, kv_heads, layers = config.num_attention_heads, config.num_key_value_heads, config.num_hidden_layers
+    if (hidden, head_dim) != (128, 64) or heads < 2 or kv_heads != heads or layers < 2:
+        raise ValueError(
+            f"the tool-calling initialisation needs hidden 128, head_dim 64, >= 2 layers and >= 2 heads with as many "
+            f"kv heads (got {hidden}, {head_dim}, {layers}, {heads}/{kv_heads}): build it with tool_model_spec()"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    width = _TOKEN.stop - _TOKEN.start
+    copied = _COPIED.stop - _COPIED.start
+    half = head_dim // 2
+    inv_freq = model.model.rotary_emb.inv_freq.float()
+    identity = torch.eye(copied)
+
+    def orthonormal_rows(rows: int, cols: int):
+        q, _ = torch.linalg.qr(torch.randn(cols, rows, generator=generator))
+        return q.T
+
+    with torch.no_grad():
+        embed = model.model.embed_tokens.weight
+        embed.zero_()
+        embed[:, _TOKEN] = torch.randn(embed.shape[0], width, generator=generator) / math.sqrt(width)
+        embed[digits, _DIGIT] = 1.0
+        embed[:, _CONSTANT] = 1.0
+        # The output rows of the tokens the episodes use start as their input rows, so the copy head's output
+        # already scores the copied token; every other row is zero and stays zero in training, so those ~148k
+        # logits are exactly 0 and the softmax over them is exact and cheap (see `_loss`).
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[used] = embed[used]
+
+        # Layer 0, heads 0 and 1: query and key read only the constant, so the score depends on the distance alone
+        # (q.R(t-s)k = sum cos((t-s-offset) * theta)); the value carries the token, written to its own subspace.
+        first = model.model.layers[0].self_attn
+        constant = torch.zeros(hidden)
+        constant[_CONSTANT] = 1.0
+        key = torch.zeros(head_dim)
+        key[:_POSITION_PAIRS] = 1.0
+        for head, (offset, target) in enumerate(((1, _PREVIOUS), (2, _BEFORE_PREVIOUS))):
+            rows = slice(head * head_dim, (head + 1) * head_dim)
+            query = torch.zeros(head_dim)
+            query[:_POSITION_PAIRS] = torch.cos(offset * inv_freq[:_POSITION_PAIRS])
+            query[half:half + _POSITION_PAIRS] = -torch.sin(offset * inv_freq[:_POSITION_PAIRS])
+            first.q_proj.weight[rows] = torch.outer(query, constant)
+            first.k_proj.weight[rows] = torch.outer(key, constant)
+            first.v_proj.weight[rows] = 0.0
+            first.v_proj.weight[head * head_dim:head * head_dim + copied, _COPIED] = identity
+            first.o_proj.weight[:, rows] = 0.0
+            # RMSNorm scales a unit-size embedding by sqrt(hidden / 2) = 8; undo it so the copy has the same size.
+            first.o_proj.weight[target, head * head_dim:head * head_dim + copied] = identity / 8
+        first.q_norm.weight.fill_(_POSITION_SHARPNESS)
+        first.k_norm.weight.fill_(_POSITION_SHARPNESS)
+
+        # Layer 1, head 0: query (this token, previous token) against key (previous token, the one before) in two
+        # orthogonal groups of slow RoPE pairs; the value copies the matched position's token into the token space.
+        second = model.model.layers[1].self_attn
+        dims = [[*pairs, *(p + half for p in pairs)] for pairs in _MATCH_PAIRS]
+        now, then = orthonormal_rows(len(dims[0]), width), orthonormal_rows(len(dims[1]), width)
+        query = torch.zeros(head_dim, hidden)
+        key = torch.zeros(head_dim, hidden)
+        # Identity only, not the flag: two different digits must not look alike.
+        previous, before = _PREVIOUS.start, _BEFORE_PREVIOUS.start
+        query[dims[0], _TOKEN], query[dims[1], previous:previous + width] = now, then
+        key[dims[0], previous:previous + width], key[dims[1], before:before + width] = now, then
+        second.q_proj.weight[:head_dim] = query
+        second.k_proj.weight[:head_dim] = key
+        second.v_proj.weight[:head_dim] = 0.0
+        second.v_proj.weight[:copied, _COPIED] = identity
+        second.o_proj.weight[:, :head_dim] = 0.0
+        second.o_proj.weight[_COPIED, :copied] = identity / 8
+        second.q_norm.weight.fill_(_MATCH_SHARPNESS)
+        second.k_norm.weight.fill_(_MATCH_SHARPNESS)
+
+
+class _TrainableRows:
+    """An embedding matrix trained only on the rows of tokens the episodes use (a few thousand of 151k): the rest
+    stays frozen, which keeps AdamW's step small. `commit()` writes the learned rows back."""
+
+    def __init__(self, weight, rows: list[int]) -> None:
+        import torch
+
+        self.weight = weight
+        weight.requires_grad_(False)
+        self.rows = torch.tensor(rows, dtype=torch.long)
+        self.slot = torch.full((weight.shape[0],), len(rows), dtype=torch.long)  # len(rows): a frozen row
+        self.slot[self.rows] = torch.arange(len(rows))
+        self.delta = torch.nn.Parameter(torch.zeros(len(rows), weight.shape[1]))
+
+    def __call__(self, ids):
+        import torch
+
+        padded = torch.cat([self.delta, self.delta.new_zeros(1, self.delta.shape[1])])
+        return self.weight[ids] + padded[self.slot[ids]]
+
+    def commit(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            self.weight[self.rows] += self.delta
+        self.weight.requires_grad_(True)
+
+
+def _loss(model, inputs: _TrainableRows, outputs: _TrainableRows, step: _Step, *, pad_id: int):
+    """Cross-entropy over the full vocabulary, on the target tokens only.
+
+    Only the trained output rows are multiplied out: every other row is zero (see `_wire_copy_circuit`), so those
+    tokens together contribute one logit of log(their count).
+    """
+    import torch
+
+    width = max(len(row.ids) for row in step.rows)
+    input_ids = torch.full((len(step.rows), width), pad_id, dtype=torch.long)
+    targets = torch.zeros((len(step.rows), width), dtype=torch.bool)
+    for i, row in enumerate(step.rows):
+        input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
+        targets[i, : len(row.ids)] = torch.tensor(row.mask)
+    # Padding sits at the right end of a row, so causal attention keeps it out of every real position: no mask,
+    # and attention stays on the fast causal kernel.
+    hidden = model.model(inputs_embeds=inputs(input_ids)).last_hidden_state
+    predict = targets[:, 1:]  # position t predicts token t + 1
+    chosen, labels = [hidden[:, :-1][predict]], [input_ids[:, 1:][predict]]
+    if step.agent is not None:
+        # An agent's prompt is thousands of tokens: it is run once without gradient, as a KV cache, and the
+        # gradient flows only through the turns after it (a full backward pass there costs ten times more).
+        agent = step.agent
+        ids = torch.tensor([agent.ids])
+        with torch.no_grad():
+            cache = model.model(inputs_embeds=inputs(ids[:, :agent.context]), use_cache=True).past_key_values
+        tail = model.model(inputs_embeds=inputs(ids[:, agent.context:]), past_key_values=cache).last_hidden_state
+        predict = torch.tensor([agent.mask[agent.context + 1:]])
+        chosen.append(tail[:, :-1][predict])
+        labels.append(ids[:, agent.context + 1:][predict])
+    logits = torch.cat(chosen) @ outputs(outputs.rows).T
+    frozen = outputs.weight.shape[0] - len(outputs.rows)
+    if frozen:
+        logits = torch.cat([logits, logits.new_full((len(logits), 1), math.log(frozen))], dim=1)
+    return torch.nn.functional.cross_entropy(logits, outputs.slot[torch.cat(labels)])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Episodes
+
+_TASKS = (
+    "Submit the answer {n}.",
+    "Please submit the answer {n}.",
+    "Submit the answer {n} and stop.",
+    "Your job: submit the answer {n} using the shell.",
+    "Use the shell to submit the answer {n}, then you are done.",
+    "The result is known. Submit the answer {n}.",
+    "Run the answer command to submit the answer {n}.",
+    "Task: submit the answer {n}",
+    "submit the answer {n} please",
+    "The answer is {n}. Submit the answer {n} now.",
+    "Submit the answer {n} with the answer command.",
+)
+_DISTRACTIONS = (
+    "There are {m} files in the repository.",
+    "This is attempt {m}.",
+    "The build took {m} seconds.",
+    "Ignore issue {m} for now.",
+    "Be brief.",
+    "Work in the current directory.",
+    "Do not ask questions.",
+)
+_SHORT_SYSTEMS = (
+    "You are a helpful assistant.",
+    "You are a coding agent. Use the tools to complete the task.",
+    "You are an expert software engineer working in a terminal. Be concise.",
+    "You are Qwen, a helpful assistant that uses tools.",
+)
+_TOOL_OUTPUTS = (
+    "", "ok", "OK", "Answer recorded.", "answer recorded: {n}", "submitted {n}", "(no output)", "{n}",
+    "bash: answer: command not found", "Exit code 0", "correct", "wrong", "received answer {n}\n",
+    "{{\"ok\": true, \"answer\": {n}}}", "Command completed with exit code 0.\n\nanswer {n}",
+)
+_FILLER_WORDS = (
+    "you are an expert coding assistant operating inside a terminal harness help users by reading files "
+    "executing commands editing code and writing new files use the available tools when needed always prefer "
+    "the simplest approach keep answers short show file paths clearly do not guess verify with tools before "
+    "answering guidelines the user may ask questions about the project structure tests build commands follow "
+    "conventions of existing code never commit secrets check your work run tests after changes respond in "
+    "markdown when useful the current working directory date platform linux shell git repository version"
+).split()
+_OTHER_TOOLS = (
+    ("read", "Read the contents of a file.", ("path",)),
+    ("write", "Write content to a file, creating it if needed.", ("path", "content")),
+    ("edit", "Replace text in a file.", ("path", "oldText", "newText")),
+    ("ls", "List a directory.", ("path",)),
+    ("grep", "Search file contents with a regular expression.", ("pattern", "path")),
+    ("glob", "Find files by name pattern.", ("pattern",)),
+    ("webfetch", "Fetch a URL.", ("url", "format")),
+)
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class _Episode:
+    ids: list[int]
+    mask: list[bool]  # True on the tokens the model is taught to write
+    context: int = 0  # leading ids that are context only, run without gradient (an agent's long prompt)
+
+
+@dataclass(frozen=True)
+class _Step:
+    rows: list[_Episode]  # synthetic episodes packed back to back, one per row
+    agent: _Episode | None  # an episode behind an agent's real prompt
+    episodes: int
+
+    def all(self) -> list[_Episode]:
+        return self.rows + ([self.agent] if self.agent else [])
+
+
+def _function_tool(name: str, description: str, parameters: tuple[str, ...]) -> dict:
+    properties = {p: {"type": "string"} for p in parameters}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": list(parameters)}}}
+
+
+def _load_agent_request(path: Path) -> tuple[str | None, list[dict]]:
+    """An agent's captured first request: its system prompt and its tools, which must include `bash(command)`.
+    The capture is either the request body or `{"request": body, ...}`."""
+    from interceptor.protocol import normalize_messages
+
+    body = json.loads(Path(path).read_text(encoding="utf-8"))
+    body = body.get("request", body)
+    messages = normalize_messages(body["messages"])
+    tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
+    bash = next((t for t in tools if t.get("function", {}).get("name") == "bash"), None)
+    if bash is None or "command" not in bash["function"].get("parameters", {}).get("properties", {}):
+        raise ValueError(f"{path}: the request's tools have no bash tool with a command argument")
+    system = next((m["content"] for m in messages if m["role"] == "system"), None)
+    return system, tools
+
+
+class _EpisodeMaker:
+    """Draws two-turn episodes and encodes them as (token ids, target mask) with the model's chat template."""
+
+    def __init__(self, tokenizer, spec: ToolTrainingSpec) -> None:
+        self._tokenizer = tokenizer
+        self._spec = spec
+        self._rng = random.Random(spec.seed)
+        self._agents = [_load_agent_request(p) for p in spec.agent_requests]
+        self._end = tokenizer.eos_token  # <|im_end|>
+        self._pending: list[_Episode] = []
+        self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
+        # Words that may follow the number: any vocabulary entry without digits, so that the model learns to stop
+        # at "not a digit" rather than at a few words it has seen.
+        self._words = [w for w in (tokenizer.decode([i]) for i in range(min(len(tokenizer), 60000), 0, -97))
+                       if w.strip() and not any(c.isdigit() or c in "<>{}" for c in w)]
+
+    def vocabulary(self) -> set[int]:
+        """Tokens the model should be able to write even if this run's episodes happen not to use them."""
+        text = " ".join([*"0123456789", DONE_TEXT, TITLE_TEXT, answer_call(0), self._end])
+        return set(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def step(self) -> _Step:
+        """Episodes for one step: rows of about `row_tokens` packed back to back (earlier episodes are just more
+        context for later ones, like a long system prompt), about `tokens_per_step` in all; and, at
+        `agent_request_rate`, one episode behind an agent's real prompt."""
+        spec = self._spec
+        rows: list[_Episode] = []
+        count = 0
+        while sum(len(row.ids) for row in rows) < spec.tokens_per_step:
+            ids: list[int] = []
+            mask: list[bool] = []
+            while len(ids) < spec.row_tokens:
+                episode = self._pending.pop() if self._pending else self._episode(self._context())
+                if ids and len(ids) + len(episode.ids) > spec.row_tokens:
+                    self._pending.append(episode)
+                    break
+                ids += episode.ids
+                mask += episode.mask
+                count += 1
+            rows.append(_Episode(ids=ids, mask=mask))
+        agent = None
+        if self._agents and self._rng.random() < spec.agent_request_rate:
+            system, tools = self._rng.choice(self._agents)
+            # Dates, paths and counts in a real system prompt change from run to run.
+            agent = self._episode((_DIGITS.sub(lambda m: self._digits(len(m.group())), system or "") or None, tools))
+        return _Step(rows=rows, agent=agent, episodes=count + (agent is not None))
+
+    def _episode(self, context: tuple[str | None, list[dict]]) -> _Episode:
+        rng = self._rng
+        system, tools = context
+        n = self._number()
+        head = ([{"role": "system", "content": system}] if system else []) + [self._task(n)]
+        if not tools:
+            return self._encode([(self._render(head, None), False), (TITLE_TEXT + self._end, True)])
+        submitted = self._perturb(n) if rng.random() < self._spec.wrong_answer_rate else n
+        call = {"id": "call_0", "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"command": f"answer {submitted}"})}}
+        first = self._render(head, tools)
+        turn = answer_call(submitted) + self._end
+        full = self._render(head + [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": rng.choice(_TOOL_OUTPUTS).format(n=submitted)},
+        ], tools)
+        if not full.startswith(first + turn):
+            raise ValueError("the chat template does not render the assistant's tool call as the model emits it")
+        prompt = first.rindex("<|im_start|>user")  # what comes before the task is context
+        return self._encode([(first[:prompt], None), (first[prompt:], False), (turn, True),
+                             (full[len(first + turn):], False), (DONE_TEXT + self._end, True)])
+
+    def _context(self) -> tuple[str | None, list[dict]]:
+        rng, spec = self._rng, self._spec
+        tools = [BASH_TOOL]
+        if rng.random() < 0.6:
+            tools = tools + [_function_tool(*t) for t in rng.sample(_OTHER_TOOLS, rng.randint(1, 4))]
+            rng.shuffle(tools)
+        if rng.random() < spec.no_tools_rate:
+            tools = []
+        if rng.random() < spec.long_prompt_rate:
+            system = self._filler(rng.randint(spec.long_prompt_words // 4, spec.long_prompt_words))
+        elif rng.random() < 0.8:
+            system = rng.choice(_SHORT_SYSTEMS)
+        else:
+            system = None
+        return system, tools
+
+    def _task(self, n: int) -> dict:
+        rng = self._rng
+        task = rng.choice(_TASKS).format(n=n)
+        if rng.random() < 0.3:
+            task = task[:task.index(str(n)) + len(str(n))] + rng.choice(("", " ", ", ", ". ")) + rng.choice(self._words)
+        parts = [task]
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            parts.insert(rng.randint(0, len(parts)), rng.choice(_DISTRACTIONS).format(m=self._number()))
+        return {"role": "user", "content": " ".join(parts)}
+
+    def _number(self) -> int:
+        return int(self._digits(self._rng.choice((1, 2, 2, 3, 3, 3, 4, 4, 5, 6))))
+
+    def _digits(self, count: int) -> str:
+        first = self._rng.choice("123456789") if count > 1 else self._rng.choice("0123456789")
+        return first + "".join(self._rng.choice("0123456789") for _ in range(count - 1))
+
+    def _perturb(self, n: int) -> int:
+        text = list(str(n))
+        i = self._rng.randrange(len(text))
+        text[i] = self._rng.choice([d for d in "0123456789" if d != text[i] and (i or d != "0" or len(text) == 1)])
+        return int("".join(text))
+
+    def _filler(self, words: int) -> str:
+        rng = self._rng
+        lines, count = [], 0
+        while count < words:
+            sentence = [rng.choice(_FILLER_WORDS) for _ in range(rng.randint(5, 16))]
+            if rng.random() < 0.2:
+                sentence.insert(rng.randrange(len(sentence)), str(self._number()))
+            lines.append(("- " if rng.random() < 0.4 else "") + " ".join(sentence).capitalize() + ".")
+            count += len(sentence)
+        return "\n".join(lines)
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
+        return self._tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+        )
+
+    def _encode(self, pieces: list[tuple[str, bool | None]]) -> _Episode:
+        """Pieces of text: targets (True), prompt (False), or context (None: prompt run without gradient, only
+        honoured at the start). Every piece starts right after a special token or is one, so encoding them apart
+        gives the ids that encoding the whole text would."""
+        ids: list[int] = []
+        mask: list[bool] = []
+        context = 0
+        for text, target in pieces:
+            encoded = self._tokenizer.encode(text, add_special_tokens=False)
+            if target is None and len(ids) == context:
+                context += len(encoded)
+            ids += encoded
+            mask += [bool(target)] * len(encoded)
+        return _Episode(ids=ids, mask=mask, context=context)
