@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from .errors import AgentConfigError
 from .packages import PI, find_binary
-from .spec import AgentLaunch, AgentRollout, write_private_json
+from .spec import AgentLaunch, AgentRollout, check_provider, write_private_json
 
 __all__ = ["PiAgent"]
 
@@ -49,10 +49,7 @@ class PiAgent:
     extra_args: tuple[str, ...] = ()  # placed before `-p`, e.g. ("--no-context-files",)
 
     def __post_init__(self) -> None:
-        if not self.provider or "/" in self.provider:
-            raise AgentConfigError(f"provider must be a name without '/': {self.provider!r}")
-        if self.context_window < 1 or not 0 < self.max_tokens <= self.context_window:
-            raise AgentConfigError("need 0 < max_tokens <= context_window")
+        check_provider(self.provider, context_window=self.context_window, max_tokens=self.max_tokens)
 
     def prepare(self, rollout: AgentRollout) -> AgentLaunch:
         binary = find_binary(PI, self.binary)

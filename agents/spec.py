@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from .errors import AgentConfigError
 
-__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "write_private_json"]
+__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "check_provider", "write_private_json"]
 
 # A bearer token's characters (RFC 6750). Anything else could be read as syntax by an agent's config loader:
 # Pi runs a value starting with "!" as a shell command and OpenCode substitutes "{env:...}".
@@ -90,6 +90,14 @@ class AgentSpec(Protocol):
     def name(self) -> str: ...
 
     def prepare(self, rollout: AgentRollout) -> AgentLaunch: ...
+
+
+def check_provider(provider: str, *, context_window: int, max_tokens: int) -> None:
+    """The provider settings every agent config shares: a provider name usable in `P/M`, and sane token limits."""
+    if not provider or "/" in provider:
+        raise AgentConfigError(f"provider must be a name without '/': {provider!r}")
+    if context_window < 1 or not 0 < max_tokens <= context_window:
+        raise AgentConfigError("need 0 < max_tokens <= context_window")
 
 
 def write_private_json(path: Path, data: object) -> Path:
