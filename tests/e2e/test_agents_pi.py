@@ -106,7 +106,6 @@ async def test_pi_waiting_on_a_stream_that_stalled_is_ended_by_the_idle_watchdog
         result = await box.run(pi.prepare(rollout), limits=RunLimits(wall_s=60, idle_s=3.0), activity=heartbeat)
     # Pi prints nothing while it waits and never gives up by itself: only the watchdog ends it.
     assert result.outcome == "idle", result
-    assert result.seconds < 15
 
 
 def processes_running(command: str) -> list[int]:

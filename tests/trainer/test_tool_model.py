@@ -18,8 +18,9 @@ from interceptor.protocol import normalize_messages
 from trainer.tiny_model import TinyModelSpec, make_tiny_model
 from trainer.tool_model import BASH_TOOL, DONE_TEXT, ToolTrainingSpec, tool_model_spec, train_tool_calling
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-AGENT_REQUESTS = {name: DATA / f"{name}_first_request.json" for name in ("pi", "opencode")}
+# The agents' captured first requests, shipped with the trainer (the same captures as in tests/data).
+REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "agent_requests"
+AGENT_REQUESTS = {name: REQUESTS / f"{name}_first_request.json" for name in ("pi", "opencode")}
 # Phrasings and numbers the training episodes never use (training draws from a fixed list of phrasings).
 HELD_OUT_TASKS = (
     "Please submit the answer {n} when ready.",
@@ -47,7 +48,8 @@ def trained(tmp_path_factory):
 
 def _numbers(count: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(10 ** (d - 1) if d > 1 else 0, 10**d) for d in (rng.choice((1, 2, 3, 4)) for _ in range(count))]
+    digits = [rng.choice((1, 2, 3, 4)) for _ in range(count)]
+    return [rng.randrange(10 ** (d - 1) if d > 1 else 0, 10**d) for d in digits]
 
 
 def _prompt(tokenizer, messages: list[dict], tools: list[dict]) -> str:
@@ -79,14 +81,14 @@ def _submits(text: str, number: int) -> bool:
 
 def _first_turns(tokenizer, numbers: list[int], *, system: str | None, tools: list[dict]) -> list[str]:
     head = [{"role": "system", "content": system}] if system else []
-    return [_prompt(tokenizer, head + [{"role": "user", "content": HELD_OUT_TASKS[i % len(HELD_OUT_TASKS)].format(n=n)}],
-                    tools) for i, n in enumerate(numbers)]
+    tasks = [HELD_OUT_TASKS[i % len(HELD_OUT_TASKS)].format(n=n) for i, n in enumerate(numbers)]
+    return [_prompt(tokenizer, head + [{"role": "user", "content": task}], tools) for task in tasks]
 
 
-def test_training_takes_well_under_a_minute_and_fits(trained):
+def test_training_fits_the_episodes(trained):
+    # How long it takes is measured in bench/bench_tool_model.py, not asserted here.
     report, _, _ = trained
     assert report.final_loss < 0.5 < report.first_loss
-    assert report.seconds < 120  # ~45 s on an idle 2-core machine; the bound leaves room for a busy one
 
 
 def test_greedy_decoding_calls_bash_with_held_out_numbers(trained):
@@ -126,7 +128,7 @@ def test_sampling_at_temperature_one_is_mostly_right_but_not_always(trained):
 def test_the_model_calls_bash_inside_the_agents_real_prompt(trained, agent):
     path = AGENT_REQUESTS[agent]
     if not path.is_file():
-        pytest.skip(f"no captured first request of {agent} in tests/data")
+        pytest.skip(f"no captured first request of {agent} in {REQUESTS}")
     body = json.loads(path.read_text())["request"]
     system = next(m["content"] for m in normalize_messages(body["messages"]) if m["role"] == "system")
     numbers = _numbers(4, seed=104)
