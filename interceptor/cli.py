@@ -11,16 +11,25 @@ __all__ = ["main"]
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from trainer.tiny_model import TinyModelSpec, make_tiny_model
+    """OUT is replaced when it is absent, empty or a model this command wrote; anything else is refused (exit 2).
+    With --tool-calling, OUT is kept when it already holds that exact trained model."""
+    from trainer.tiny_model import ModelDirError, TinyModelSpec, make_tiny_model
 
-    if args.tool_calling:
-        from trainer.local_model import ensure_local_model
+    try:
+        if args.tool_calling:
+            import dataclasses
 
-        out = ensure_local_model(args.out)
-        print(f"wrote a tiny Qwen3 model trained to call tools to {out}")
-        return 0
-    out = make_tiny_model(args.out, TinyModelSpec(real_vocab=args.real_vocab, seed=args.seed))
-    print(f"wrote a tiny Qwen3 model to {out}")
+            from trainer.local_model import LOCAL_TRAINING, make_local_model
+
+            steps = LOCAL_TRAINING.steps if args.train_steps is None else args.train_steps
+            make_local_model(args.out, training=dataclasses.replace(LOCAL_TRAINING, steps=steps))
+            print(f"{args.out} holds a tiny Qwen3 model trained to call tools")
+            return 0
+        out = make_tiny_model(args.out, TinyModelSpec(real_vocab=args.real_vocab, seed=args.seed))
+    except ModelDirError as exc:
+        print(f"interceptor make-tiny-model: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote a tiny Qwen3 model with random weights to {out}")
     return 0
 
 
@@ -83,6 +92,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--tool-calling",
         action="store_true",
         help="the embedded default: real vocabulary, 32k context, trained offline (~1-2 min) to answer with a tool call",
+    )
+    tiny.add_argument(
+        "--train-steps",
+        type=int,
+        default=None,
+        help="with --tool-calling: training steps (default: the embedded default's); fewer make a weaker policy",
     )
 
     engine = command("engine", _engine, "serve a local CPU policy with vLLM's /v1/completions contract")

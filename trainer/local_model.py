@@ -3,33 +3,83 @@
 Built once into a directory and reused: the real Qwen vocabulary (agents' system prompts run to thousands of
 tokens: Pi's first request is ~1.4k tokens, OpenCode's ~7.2k), a 32k context, and a minute or two of supervised
 steps (trainer.tool_model) so the model answers a task by calling the shell tool with `answer N`, then finishes.
+
+The build is all or nothing (`trainer.tiny_model.building`): the model is made and trained beside the target
+directory, marked "tool-calling" with its spec and training, and only then renamed into place. So a build killed
+mid-training never leaves a directory that passes for the trained model, and a random tiny model is never taken
+for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-from .tiny_model import make_tiny_model
+from .tiny_model import BuiltModel, TinyModelSpec, building, read_built_model, record_built_model, write_tiny_model
 from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 
-__all__ = ["ensure_local_model", "LOCAL_MODEL_SPEC"]
+__all__ = ["LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "ensure_local_model", "make_local_model"]
 
 LOCAL_MODEL_SPEC = dataclasses.replace(tool_model_spec(real_vocab=True), max_position_embeddings=32768)
 # Pi's and OpenCode's real first requests (system prompt and tools, secret removed): trained on, so the model
 # answers inside those agents too.
 AGENT_REQUESTS = tuple(sorted((Path(__file__).parent / "agent_requests").glob("*.json")))
-_STAMP = "interceptor_local_model.json"
+LOCAL_TRAINING = ToolTrainingSpec(agent_requests=AGENT_REQUESTS)
 
 
-def ensure_local_model(model_dir: Path) -> Path:
+def ensure_local_model(
+    model_dir: Path | str, *, spec: TinyModelSpec = LOCAL_MODEL_SPEC, training: ToolTrainingSpec = LOCAL_TRAINING
+) -> Path:
+    """The model directory `--upstream local` serves, given `--model DIR`:
+
+    - a finished tool-calling model built here: kept as it is (whatever spec and steps it was built with);
+    - a model of the user's own (a `config.json` and no interceptor marker): served as it is;
+    - absent, empty, or a model built here that is not the trained one (a random tiny model, or a build from an
+      older version whose marker does not record that its training finished): the trained model is built there,
+      replacing it;
+    - anything else (a non-empty directory that is no model) raises `ModelDirError`, untouched."""
     model_dir = Path(model_dir)
-    if (model_dir / _STAMP).is_file() or (model_dir / "config.json").is_file():
-        return model_dir  # built before, or a model of the user's own
-    print(f"building the local tiny model in {model_dir} (once) ...", flush=True)
-    make_tiny_model(model_dir, LOCAL_MODEL_SPEC)
-    report = train_tool_calling(model_dir, ToolTrainingSpec(agent_requests=AGENT_REQUESTS))
-    print(f"trained the tool loop in {report.seconds:.0f}s (loss {report.first_loss:.2f} -> {report.final_loss:.2f})")
-    (model_dir / _STAMP).write_text(json.dumps({"tool_calling": dataclasses.asdict(report)}) + "\n")
+    built = read_built_model(model_dir)
+    if built is None and (model_dir / "config.json").is_file():
+        return model_dir
+    if built is None or built.kind != "tool-calling":
+        make_local_model(model_dir, spec=spec, training=training)
     return model_dir
+
+
+def make_local_model(
+    model_dir: Path | str, *, spec: TinyModelSpec = LOCAL_MODEL_SPEC, training: ToolTrainingSpec = LOCAL_TRAINING
+) -> BuiltModel:
+    """Build the tool-calling model with this spec and training into `model_dir`, unless it already holds exactly
+    that build (then it is kept: training is deterministic for a seed). `model_dir` may be absent, empty or a model
+    built here (of another kind or spec: it is replaced); anything else raises `ModelDirError`, untouched."""
+    model_dir = Path(model_dir)
+    built = read_built_model(model_dir)
+    if _is_build_of(built, spec, training):
+        print(f"{model_dir} already holds the tiny model trained to call tools ({training.steps} steps): kept")
+        return built
+    replacing = f", replacing the {built.kind} model there" if built is not None else ""
+    with building(model_dir) as work:
+        print(f"building the local tiny model in {model_dir}{replacing} ...", flush=True)
+        random = write_tiny_model(work, spec)
+        report = train_tool_calling(work, training)
+        built = dataclasses.replace(
+            random, kind="tool-calling", training={"spec": training.to_json(), "report": dataclasses.asdict(report)}
+        )
+        record_built_model(work, built)
+    print(
+        f"trained the tool loop for {report.steps} steps in {report.seconds:.0f}s "
+        f"(loss {report.first_loss:.2f} -> {report.final_loss:.2f})",
+        flush=True,
+    )
+    return built
+
+
+def _is_build_of(built: BuiltModel | None, spec: TinyModelSpec, training: ToolTrainingSpec) -> bool:
+    return (
+        built is not None
+        and built.kind == "tool-calling"
+        and built.spec == dataclasses.asdict(spec)
+        and built.training is not None
+        and built.training.get("spec") == training.to_json()
+    )

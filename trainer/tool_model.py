@@ -105,6 +105,10 @@ class ToolTrainingSpec:
             if not Path(path).is_file():
                 raise ValueError(f"agent request {path} does not exist")
 
+    def to_json(self) -> dict:
+        """The fields as JSON values (agent requests by file name), as the model directory records them."""
+        return {**self.__dict__, "agent_requests": [Path(p).name for p in self.agent_requests]}
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToolTrainingReport:
@@ -178,8 +182,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
         first_loss=losses[0] if losses else math.nan,
         final_loss=sum(tail) / len(tail),
     )
-    record = {"spec": {**spec.__dict__, "agent_requests": [Path(p).name for p in spec.agent_requests]},
-              "report": report.__dict__}
+    record = {"spec": spec.to_json(), "report": report.__dict__}
     (model_dir / "interceptor_tool_training.json").write_text(json.dumps(record, indent=2) + "\n")
     return report
 
