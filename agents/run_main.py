@@ -84,7 +84,7 @@ def summary_table(records: list[RolloutRecord]) -> str:
             f"{(sum(rewards) / len(rewards)) if rewards else float('nan'):>11.3f} "
             f"{sum(len(s.turns) for r in group for s in r.samples):>6} "
             f"{sum(len(s.input_ids) for r in group for s in r.samples):>7} "
-            f"{sum(max(0, len(r.samples) - 1) for r in group):>5}"
+            f"{sum(r.forks for r in group):>5}"
         )
     causes = Counter(r.failure.cause for r in records if r.failure is not None)
     if causes:

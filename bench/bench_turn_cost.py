@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interceptor.rendering import Renderer, RendererConfig  # noqa: E402
-from interceptor.trajectory import Generation, Trajectory  # noqa: E402
+from interceptor.records import Generation  # noqa: E402
+from interceptor.trajectory import Trajectory  # noqa: E402
 
 TOOLS = [
     {

@@ -1,9 +1,12 @@
 """The admin API, for a driver in another process: open, inspect and finish rollouts over HTTP.
 
     POST /rollouts                {"sampling": {...}, "metadata": {...}} -> {"id", "base_url", "secret", "tools_secret"}
-    GET  /rollouts/{id}           -> status, answer, usage, events (no secret, no tokens)
-    POST /rollouts/{id}/finish    {"status": "ok"|"failed"|"timeout", "failure": {"cause", "message"}, "reward": x}
-                                  -> the record
+    GET  /rollouts/{id}           -> status, answer, usage, events, upstream failures and the failure the rollout
+                                     would be finished with now (no secret, no tokens)
+    POST /rollouts/{id}/finish    {"status": "ok"|"failed"|"timeout", "failure": {"cause", "message"}, "reward": x,
+                                   "accept_upstream_failures": "why"} -> the record. A rollout whose last chat call
+                                  failed upstream is recorded `failed` (cause `upstream`, no reward) unless
+                                  `accept_upstream_failures` says why the driver accepts it.
 
 Guarded by `Authorization: Bearer <admin token>`; without an admin token configured the routes answer 404.
 """
@@ -11,6 +14,7 @@ Guarded by `Authorization: Bearer <admin token>`; without an admin token configu
 from __future__ import annotations
 
 import hmac
+import math
 from typing import TYPE_CHECKING
 
 import orjson
@@ -18,7 +22,7 @@ from aiohttp import web
 
 from .config import SamplingSettings
 from .errors import BadRequest, ConfigError, NotFound, Unauthorized
-from .protocol import parse_json_body
+from .protocol import ensure_serialisable, parse_json_body
 from .records import Failure
 
 if TYPE_CHECKING:
@@ -26,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["add_admin_routes"]
 
-_STATUSES = ("ok", "failed", "timeout")
+_STATUSES = ("ok", "failed", "timeout", "interrupted")
 
 
 def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
@@ -35,20 +39,28 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
         if token is None:
             raise NotFound("the admin API is off (no admin token configured)")
         presented = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
+        # surrogateescape: non-ASCII bytes in the header are compared (and rejected), never an encoding error
+        if not hmac.compare_digest(presented.encode(errors="surrogateescape"), f"Bearer {token}".encode()):
             raise Unauthorized("invalid admin token")
 
     async def open_rollout(request: web.Request) -> web.Response:
         authorize(request)
         raw = await request.read()
         body = parse_json_body(raw) if raw.strip() else {}
+        unknown = set(body) - {"sampling", "metadata"}
+        if unknown:
+            raise BadRequest(f"unknown fields {sorted(unknown)[:10]}; POST /rollouts takes sampling and metadata")
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise BadRequest("metadata must be an object", param="metadata")
+        ensure_serialisable(metadata, "metadata")
+        sampling = body.get("sampling") or {}
+        if not isinstance(sampling, dict):
+            raise BadRequest("sampling must be an object", param="sampling")
         try:
-            sampling = SamplingSettings.from_dict(body.get("sampling") or {})
+            sampling = SamplingSettings.from_dict(sampling)
         except (ConfigError, TypeError) as exc:
-            raise BadRequest(f"sampling: {exc}", param="sampling") from exc
+            raise BadRequest(f"sampling: {exc}"[:500], param="sampling") from exc
         handle = server.open_rollout(sampling=sampling, metadata=metadata)
         return _json(
             {"id": handle.id, "base_url": handle.base_url, "secret": handle.secret, "tools_secret": handle.tools_secret},
@@ -58,16 +70,22 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
     async def show_rollout(request: web.Request) -> web.Response:
         authorize(request)
         rollout_id = request.match_info["rid"]
-        if server.registry.is_finished(rollout_id):
-            return _json({"id": rollout_id, "status": "finished"})
-        rollout = server.rollout(rollout_id)
+        finished = server.registry.finished_status(rollout_id)
+        if finished is not None:
+            return _json({"id": rollout_id, "status": finished, "finished": True})
+        rollout = server.registry.get(rollout_id)
+        failure = rollout.failure
         return _json(
             {
                 "id": rollout.id,
                 "status": rollout.status,
+                "finished": False,
                 "answered": rollout.answered,
                 "turns": len(rollout.trace),
                 "usage": {"prompt_tokens": rollout.prompt_tokens, "completion_tokens": rollout.completion_tokens},
+                "upstream_failures": rollout.upstream_failures,
+                "trailing_upstream_failures": rollout.trailing_upstream_failures,
+                "failure": {"cause": failure.cause, "message": failure.message} if failure else None,
                 "events": rollout.events,
                 "metadata": rollout.metadata,
             }
@@ -77,9 +95,17 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
         authorize(request)
         raw = await request.read()
         body = parse_json_body(raw) if raw.strip() else {}
+        unknown = set(body) - {"status", "failure", "reward", "accept_upstream_failures"}
+        if unknown:
+            raise BadRequest(f"unknown fields {sorted(unknown)[:10]}; finish takes status, failure, reward and "
+                             "accept_upstream_failures")
         status = body.get("status", "ok")
-        if status not in _STATUSES:
+        if not isinstance(status, str) or status not in _STATUSES:
             raise BadRequest(f"status must be one of {_STATUSES}", param="status")
+        accept = body.get("accept_upstream_failures")
+        if accept is not None and not (isinstance(accept, str) and accept.strip()):
+            raise BadRequest("accept_upstream_failures must be a non-empty string saying why",
+                             param="accept_upstream_failures")
         failure = body.get("failure")
         if failure is not None and not (
             isinstance(failure, dict) and isinstance(failure.get("cause"), str) and isinstance(failure.get("message"), str)
@@ -90,6 +116,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
             status=status,
             failure=Failure(cause=failure["cause"], message=failure["message"]) if failure else None,
             reward=_reward(body.get("reward")),
+            accept_upstream_failures=accept,
         )
         return _json(record.to_json_dict())
 
@@ -101,8 +128,8 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
 def _reward(value: object) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest("reward must be a number", param="reward")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRequest("reward must be a finite number", param="reward")
     return float(value)
 
 

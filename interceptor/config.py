@@ -29,6 +29,15 @@ class SamplingSettings:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name, kinds in (("temperature", (int, float)), ("top_p", (int, float)), ("top_k", (int,)),
+                            ("max_tokens", (int,)), ("seed", (int,))):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+                raise ConfigError(f"{name} must be {'a number' if float in kinds else 'an integer'}, not {value!r}"[:200])
+        if self.seed is not None and not 0 <= self.seed < 2**63 - 2**32:
+            raise ConfigError("seed must be from 0 to 2**63 - 2**32 (each turn adds its number)")
+        if self.top_k is not None and not -1 <= self.top_k < 2**31:
+            raise ConfigError("top_k must be -1 (off) or a positive integer")
         if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
             raise ConfigError("temperature must be from 0 to 2")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -51,7 +60,9 @@ class UpstreamConfig:
     api_key: str | None = field(default=None, repr=False)  # black_box only; never taken from the agent
     request_timeout_s: float = 600.0  # one generation; long, since a CPU policy can be slow
     connect_timeout_s: float = 10.0
-    attempts: int = 4  # connection errors, 429 and 5xx are retried this many times in all
+    # Upstream calls one turn may cost in all, shared with the agent's own retries of that turn (same body):
+    # connection errors, resets, 408/409/429/5xx and aborted generations are retried within it.
+    attempts: int = 4
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 4.0
     max_connections: int = 256
@@ -80,12 +91,17 @@ class ServerConfig:
     port: int = 0
     public_host: str | None = None  # the host agents use in their base URL, when not `host`
     admin_token: str | None = field(default=None, repr=False)  # guards /rollouts; None: no HTTP admin API
-    record_path: Path | None = None  # JSON Lines file; every finished rollout is appended and fsynced
+    # JSON Lines file; every finished rollout is appended and fsynced. Live rollouts are journaled beside it
+    # (`<record_path>.journal.*`) and come back as `interrupted` records after a crash.
+    record_path: Path | None = None
     served_model_name: str = "policy"  # the model id agents see
     max_model_len: int | None = None  # discovered from the upstream's /v1/models when None
     default_max_tokens: int = 2048  # when neither the rollout nor the agent sets one
-    max_body_bytes: int = 64 * 1024 * 1024
-    keepalive_s: float = 5.0  # a stream with no answer after this long starts sending SSE comments
+    max_body_bytes: int = 16 * 1024 * 1024  # ~4M tokens of text: far past any context window, and bounded
+    # A stream's status is held back this long for the answer (so a failure is still an HTTP status the SDK
+    # retries); past it, headers go out and an SSE comment every `keepalive_s` keeps the connection open.
+    stream_hold_s: float = 60.0
+    keepalive_s: float = 5.0
     shutdown_grace_s: float = 5.0  # on exit, in-flight requests get this long before they are cancelled
 
     def __post_init__(self) -> None:
@@ -93,5 +109,5 @@ class ServerConfig:
             raise ConfigError(f"unknown mode {self.mode!r}")
         if self.mode == "interception_gate" and self.model_dir is None:
             raise ConfigError("interception_gate needs model_dir (the tokenizer and chat template)")
-        if self.keepalive_s <= 0:
-            raise ConfigError("keepalive_s must be positive")
+        if self.keepalive_s <= 0 or self.stream_hold_s < 0:
+            raise ConfigError("keepalive_s must be positive and stream_hold_s not negative")

@@ -1,27 +1,37 @@
 """One chat turn in `interception_gate` mode: plan the prompt, generate upstream, record, answer.
 
-    request -> retry? replay the recorded answer
+    request -> a retry of a turn already answered? replay the recorded answer
             -> plan (extend or fork) -> context check -> wait while weights change -> /v1/completions
-            -> parse the sampled text -> commit to the trajectory -> the OpenAI assistant message
+            -> parse the sampled text -> commit to the trajectory (and the journal) -> the OpenAI assistant message
 
-The agent's answer is derived from the sampled token ids only. A failed generation records nothing (the branch
-stays as it was) and marks the rollout with an upstream failure; it never turns into a reward.
+The agent's answer is derived from the sampled token ids only. A turn is all or nothing: the upstream's reply is
+validated before anything is recorded, and a failed generation records nothing (the branch stays as it was) and
+marks the rollout with an upstream failure; it never turns into a reward. Planning and committing hold the
+rollout's lock; a large request is planned in a worker thread so that rendering and tokenizing it never stalls
+the other rollouts.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import ContextLengthExceeded, UpstreamError
+from .errors import BadRequest, ContextLengthExceeded, UpstreamError
 from .parsing import parse_output
-from .protocol import ChatRequest, assistant_message, finish_reason_for, new_tool_call_id
+from .protocol import ChatRequest, assistant_message, finish_reason_for, new_tool_call_id, token_logprobs
+from .records import Generation
 from .rendering import Renderer
 from .rollouts import Rollout, TurnResult
-from .trajectory import Generation, TurnPlan
+from .trajectory import TurnPlan
 from .upstream import UpstreamClient
 
-__all__ = ["Policy", "run_turn"]
+__all__ = ["Policy", "run_turn", "HEAVY_REQUEST_BYTES"]
+
+# A request body larger than this is planned (rendered and tokenized) in a worker thread, off the event loop.
+HEAVY_REQUEST_BYTES = 256 * 1024
+
+JournalTurn = Callable[[Rollout, dict, dict], None]  # (rollout, branch delta, trace entry)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -35,6 +45,7 @@ class Policy:
     default_max_tokens: int
     version: int = 0  # stamped on every turn; the trainer bumps it after a weight update
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # cleared while weights change
+    journal_turn: JournalTurn | None = None
 
     def __post_init__(self) -> None:
         self.ready.set()
@@ -52,21 +63,29 @@ def _sampling(rollout: Rollout, request: ChatRequest, *, max_tokens: int) -> dic
     return {"max_tokens": max_tokens, **{k: v for k, v in fields.items() if v is not None}}
 
 
-async def run_turn(policy: Policy, rollout: Rollout, request: ChatRequest, *, fingerprint: int) -> TurnResult:
-    """One turn. `fingerprint` identifies the request (a hash of its body): SDK retries resend the same body."""
+async def run_turn(
+    policy: Policy, rollout: Rollout, request: ChatRequest, *, fingerprint: int, sdk_retry: bool, heavy: bool
+) -> TurnResult:
+    """One turn. `fingerprint` identifies the request (a hash of its body: retries resend the same body);
+    `sdk_retry` is the client's word that this is a retry; `heavy` plans it off the event loop."""
     trajectory = rollout.trajectory
     assert trajectory is not None, "run_turn is for interception_gate rollouts"
-    earlier = rollout.replays.get(fingerprint)
-    if earlier is not None and (not earlier.done() or (not earlier.cancelled() and earlier.exception() is None)):
+    attempts = rollout.attempts_for(fingerprint, policy.upstream.new_budget)
+    if attempts.answers_retry(sdk_retry=sdk_retry):
         rollout.note("retry_answered_from_record")
-        return await asyncio.shield(earlier)
+        return await asyncio.shield(attempts.future)
 
-    plan = trajectory.plan(request.messages, request.tools)
+    stop_ids = _stop_ids(policy.renderer, request)
+    async with rollout.lock:
+        if heavy:
+            plan = await asyncio.to_thread(trajectory.plan, request.messages, request.tools, request.tools_key)
+        else:
+            plan = trajectory.plan(request.messages, request.tools, request.tools_key)
     wanted = rollout.sampling.max_tokens or request.max_tokens
     prompt_len = len(plan.prompt_ids)
     room = policy.max_model_len - prompt_len
     if room < 1 or (wanted is not None and wanted > room):
-        trajectory.release(plan)
+        _release(rollout, plan)
         rollout.note("context_length_exceeded", prompt_tokens=prompt_len, max_tokens=wanted)
         raise ContextLengthExceeded(
             f"This model's maximum context length is {policy.max_model_len} tokens. However, you requested "
@@ -74,24 +93,29 @@ async def run_turn(policy: Policy, rollout: Rollout, request: ChatRequest, *, fi
             "completion). Please reduce the length of the messages or completion.",
             param="messages",
         )
-    max_tokens = wanted or min(policy.default_max_tokens, room)
+    sampling = _sampling(rollout, request, max_tokens=wanted or min(policy.default_max_tokens, room))
+    if stop_ids:
+        sampling["stop_token_ids"] = stop_ids
 
     future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
     future.add_done_callback(_consume_exception)
-    rollout.remember_replay(fingerprint, future)
+    attempts.future, attempts.delivered = future, False
     try:
         await policy.ready.wait()  # agents wait, they do not fail, while weights change
         generation = await policy.upstream.complete(
             model=policy.upstream_model,
             prompt_ids=plan.prompt_ids,
-            sampling=_sampling(rollout, request, max_tokens=max_tokens),
+            sampling=sampling,
+            vocab_size=policy.renderer.vocab_size,
+            top_logprobs=request.top_logprobs,
+            budget=attempts.budget,
         )
-        result = _record(policy, rollout, plan, generation, request)
+        async with rollout.lock:
+            result = _record(policy, rollout, plan, generation, request)
     except BaseException as exc:
-        trajectory.release(plan)
+        _release(rollout, plan)
         if isinstance(exc, UpstreamError):
-            rollout.upstream_failures += 1
-            rollout.trailing_upstream_failures += 1
+            rollout.upstream_failed(exc.message)
             rollout.note("upstream_error", status=exc.status, message=exc.message)
         if isinstance(exc, Exception):
             future.set_exception(exc)
@@ -103,13 +127,46 @@ async def run_turn(policy: Policy, rollout: Rollout, request: ChatRequest, *, fi
     return result
 
 
+_pending_releases: set[asyncio.Task] = set()
+
+
+def _release(rollout: Rollout, plan: TurnPlan) -> None:
+    """Give the planned turn back. The trajectory changes only under the rollout's lock: while a large request
+    is being planned in a thread, the release waits for it."""
+    if not rollout.lock.locked():
+        rollout.trajectory.release(plan)
+        return
+
+    async def release_when_free() -> None:
+        async with rollout.lock:
+            rollout.trajectory.release(plan)
+
+    task = asyncio.get_running_loop().create_task(release_when_free())
+    _pending_releases.add(task)
+    task.add_done_callback(_pending_releases.discard)
+
+
+def _stop_ids(renderer: Renderer, request: ChatRequest) -> list[int]:
+    """`parallel_tool_calls: false` is honoured by ending the turn at the first call's closing tag (the template
+    closes the turn after it, as after a turn cut by length)."""
+    if request.parallel_tool_calls or not request.tools or request.tool_choice == "none":
+        return []
+    close = renderer.single_token_id("</tool_call>")
+    if close is None:
+        raise BadRequest(
+            "parallel_tool_calls: false is not supported with this model's tokenizer (</tool_call> is not one token)",
+            param="parallel_tool_calls",
+        )
+    return [close, renderer.end_of_turn_id]
+
+
 def _record(policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Generation, request: ChatRequest) -> TurnResult:
     text = policy.renderer.decode(generation.token_ids)
-    parsed = parse_output(text, tools=request.tools)
+    parsed = parse_output(text, tools=request.tools, calls_allowed=bool(request.tools) and request.tool_choice != "none")
     message = assistant_message(parsed, [new_tool_call_id() for _ in parsed.calls])
     finish_reason = finish_reason_for(message, generation.finish_reason)
     known = len(plan.branch.messages)  # messages the branch already covered, before this turn is committed
-    rollout.trajectory.commit(
+    delta = rollout.trajectory.commit(
         plan,
         generation,
         returned=message,
@@ -117,16 +174,24 @@ def _record(policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Genera
         malformed=parsed.malformed,
         policy_version=policy.version,
     )
-    rollout.trace.append(
+    entry = rollout.scrub(
         {"new_messages": request.messages[known:], "response": message, "finish_reason": finish_reason}
     )
+    rollout.trace.append(entry)
     rollout.prompt_tokens += len(plan.prompt_ids)
     rollout.completion_tokens += len(generation.token_ids)
+    if policy.journal_turn is not None:
+        policy.journal_turn(rollout, delta, entry)
+    logprobs = None
+    if request.logprobs:
+        tokens = [policy.renderer.decode_one(t) for t in generation.token_ids]
+        logprobs = token_logprobs(tokens, generation.logprobs, generation.top_logprobs)
     return TurnResult(
         message=message,
         finish_reason=finish_reason,
         prompt_tokens=len(plan.prompt_ids),
         completion_tokens=len(generation.token_ids),
+        logprobs=logprobs,
     )
 
 

@@ -27,7 +27,7 @@ def summarise(records: Iterable[RolloutRecord]) -> dict:
         if record.failure is not None:
             causes[record.failure.cause] += 1
         totals["samples"] += len(record.samples)
-        totals["forks"] += max(0, len(record.samples) - 1)
+        totals["forks"] += record.forks
         totals["auxiliary"] += sum(s.auxiliary for s in record.samples)
         totals["turns"] += sum(len(s.turns) for s in record.samples)
         for sample in record.samples:

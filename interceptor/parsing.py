@@ -38,14 +38,15 @@ class ParsedOutput:
     malformed: bool  # a tool call was attempted but could not be parsed; its text is left in `content`
 
 
-def parse_output(text: str, *, tools: list[dict] | None = None) -> ParsedOutput:
+def parse_output(text: str, *, tools: list[dict] | None = None, calls_allowed: bool = True) -> ParsedOutput:
     """Split sampled text into reasoning, content and tool calls.
 
     `tools` (the request's OpenAI tool list) lets XML parameters, which are untyped text, take the type their
-    JSON schema declares.
+    JSON schema declares. Without `calls_allowed` (a request with no tools, or `tool_choice: "none"`) nothing is
+    a tool call: what the model wrote after its reasoning is the content.
     """
     reasoning, rest = _split_reasoning(text)
-    if "<tool_call>" not in rest:
+    if not calls_allowed or "<tool_call>" not in rest:
         return ParsedOutput(content=rest or None, reasoning=reasoning, calls=(), malformed=False)
     try:
         calls = tuple(_parse_call(block, tools) for block in _CALL_BLOCK.findall(rest))
@@ -113,7 +114,8 @@ def _parameter_schema(tools: list[dict] | None, name: str) -> dict:
     for tool in tools or ():
         function = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(function, dict) and function.get("name") == name:
-            properties = (function.get("parameters") or {}).get("properties")
+            parameters = function.get("parameters")
+            properties = parameters.get("properties") if isinstance(parameters, dict) else None
             return properties if isinstance(properties, dict) else {}
     return {}
 

@@ -1,8 +1,12 @@
 """The OpenAI chat wire protocol: parse what agents send, build what they expect back.
 
-This is the one module that knows field names. It parses only what the interceptor uses, accepts and ignores
-unknown fields (`store`, `metadata`, `parallel_tool_calls`, ...), and rejects what it cannot honour (`n > 1`,
-image parts, unknown roles) with a `BadRequest` that names the field.
+This is the one module that knows field names. Every option that changes what the model says is honoured or
+refused: `tool_choice` ("auto", "none"), `parallel_tool_calls`, `logprobs`/`top_logprobs` are honoured; what the
+policy cannot do token-exactly (`n > 1`, stop strings, penalties, logit bias, a forced or named tool choice,
+structured output, images) is a `BadRequest` that names the field. Fields that change nothing about the answer
+(`store`, `metadata`, `user`, ...) are accepted; any other unknown field is accepted and reported back to the
+caller in `ChatRequest.ignored` (the server notes it on the rollout). Free-form JSON (tools, arguments) must be
+serialisable (orjson's depth limit), so a request that parses can always be recorded.
 
 Messages are normalised once, here, into the plain dicts a chat template expects:
 - content given as a list of text parts is joined with "\n" (as vLLM does); `developer` becomes `system`;
@@ -26,6 +30,7 @@ from .parsing import ParsedOutput
 __all__ = [
     "ChatRequest",
     "SSE_DONE",
+    "ensure_serialisable",
     "Usage",
     "assistant_message",
     "chat_chunks",
@@ -37,6 +42,7 @@ __all__ = [
     "normalize_messages",
     "parse_chat_request",
     "parse_json_body",
+    "token_logprobs",
 ]
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -48,7 +54,9 @@ class ChatRequest:
     model: str
     messages: list[dict]
     tools: list[dict] | None
-    tool_choice: object
+    tools_key: bytes  # the tool list serialised with sorted keys (b"" for none): what branches compare
+    tool_choice: str  # auto | none
+    parallel_tool_calls: bool
     stream: bool
     include_usage: bool
     max_tokens: int | None
@@ -56,6 +64,38 @@ class ChatRequest:
     top_p: float | None
     top_k: int | None
     seed: int | None
+    logprobs: bool
+    top_logprobs: int
+    ignored: tuple[str, ...] = ()  # unknown fields, accepted and not acted on
+
+
+# Fields that change nothing about the answer: accepted as they come.
+_INERT_FIELDS = frozenset({
+    "model", "messages", "stream", "stream_options", "store", "metadata", "user", "service_tier",
+    "prompt_cache_key", "safety_identifier", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+    "seed", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs", "n", "stop",
+    "response_format", "modalities",
+})
+# Options the policy cannot honour token-exactly: refused unless they hold their neutral value.
+_NEUTRAL = {
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0),
+    "logit_bias": ({},),
+    "reasoning_effort": (),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+    "functions": (),
+    "function_call": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "structured_outputs": (),
+}
+_MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+_INT64 = 2**63
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,30 +123,84 @@ def parse_json_body(raw: bytes) -> dict:
 
 def parse_chat_request(body: dict) -> ChatRequest:
     n = body.get("n")
-    if n not in (None, 1):
+    if n not in (None, 1) or isinstance(n, bool):
         raise BadRequest("only n=1 is supported", param="n")
     if body.get("stop"):
         raise BadRequest("stop sequences are not supported; the model's end-of-turn token ends a turn", param="stop")
+    for key, neutral in _NEUTRAL.items():
+        value = body.get(key)
+        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
+            raise BadRequest(
+                f"{key} is not supported: the policy samples from its own distribution, so that the recorded "
+                "logprobs are the ones it trains on", param=key,
+            )
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise BadRequest("response_format other than {'type': 'text'} is not supported", param="response_format")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise BadRequest("only the text modality is supported", param="modalities")
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(_is_tool(t) for t in tools)):
         raise BadRequest("tools must be a list of {'type': 'function', 'function': {'name': ...}}", param="tools")
+    tools = tools or None
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise BadRequest("stream_options must be an object", param="stream_options")
+    include_usage = stream_options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise BadRequest("stream_options.include_usage must be a boolean", param="stream_options")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    logprobs = _typed(body, "logprobs", bool, default=False)
+    top_logprobs = _optional_int(body, "top_logprobs", low=0, high=_MAX_TOP_LOGPROBS) or 0
+    if top_logprobs and not logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return ChatRequest(
         model=_typed(body, "model", str, default=""),
         messages=normalize_messages(body.get("messages")),
-        tools=tools or None,
-        tool_choice=body.get("tool_choice"),
+        tools=tools,
+        tools_key=_tools_key(tools),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        parallel_tool_calls=_typed(body, "parallel_tool_calls", bool, default=True),
         stream=_typed(body, "stream", bool, default=False),
-        include_usage=bool(stream_options.get("include_usage", False)),
+        include_usage=include_usage,
         max_tokens=_positive_int(max_tokens, "max_tokens"),
         temperature=_number(body, "temperature", low=0.0, high=2.0),
         top_p=_number(body, "top_p", low=0.0, high=1.0),
-        top_k=_optional_int(body, "top_k"),
-        seed=_optional_int(body, "seed"),
+        top_k=_optional_int(body, "top_k", low=-1, high=_INT64 - 1),
+        seed=_optional_int(body, "seed", low=0, high=_INT64 - 1),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        ignored=tuple(sorted(k for k in body if k not in _INERT_FIELDS and k not in _NEUTRAL)),
     )
+
+
+def _tool_choice(value: object) -> str:
+    if value is None or value == "auto":
+        return "auto"
+    if value == "none":
+        return "none"
+    if value == "required" or isinstance(value, dict):
+        raise BadRequest(
+            "tool_choice 'required' or naming a function is not supported: the policy's own sampling decides "
+            "whether it calls a tool (use 'auto' or 'none')", param="tool_choice",
+        )
+    raise BadRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
+
+
+def _tools_key(tools: list[dict] | None) -> bytes:
+    try:
+        return orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b""
+    except orjson.JSONEncodeError as exc:
+        raise BadRequest(f"tools cannot be serialised: {exc}", param="tools") from exc
+
+
+def ensure_serialisable(value: object, param: str) -> None:
+    """A `BadRequest` for JSON that parsed but cannot be written back (nested past orjson's depth limit)."""
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise BadRequest(f"{param} cannot be recorded: {exc}", param=param) from exc
 
 
 def normalize_messages(messages: object) -> list[dict]:
@@ -120,8 +214,8 @@ def _normalize_message(message: object, index: int) -> dict:
     if not isinstance(message, dict):
         raise BadRequest(f"{param} must be an object", param=param)
     role = message.get("role")
-    if role not in _ROLES:
-        raise BadRequest(f"{param}.role {role!r} is not one of {sorted(_ROLES)}", param=f"{param}.role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise BadRequest(f"{param}.role {repr(role)[:40]} is not one of {sorted(_ROLES)}", param=f"{param}.role")
     content = _text(message.get("content"), f"{param}.content")
     if role == "developer":
         role = "system"
@@ -131,6 +225,8 @@ def _normalize_message(message: object, index: int) -> dict:
         if isinstance(reasoning, str) and reasoning:
             normalized["reasoning_content"] = reasoning
         calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise BadRequest(f"{param}.tool_calls must be a list", param=f"{param}.tool_calls")
         if calls:
             normalized["tool_calls"] = [_normalize_call(c, f"{param}.tool_calls[{i}]") for i, c in enumerate(calls)]
         return normalized
@@ -148,7 +244,10 @@ def _normalize_call(call: object, param: str) -> dict:
         raise BadRequest(f"{param} must have function.name", param=param)
     arguments = function.get("arguments", "{}")
     if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
+        try:
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        except (RecursionError, ValueError, TypeError) as exc:
+            raise BadRequest(f"{param}.function.arguments cannot be serialised: {exc}", param=param) from exc
     call_id = call.get("id")
     return {
         "id": call_id if isinstance(call_id, str) else "",
@@ -180,7 +279,11 @@ def _is_tool(tool: object) -> bool:
     if not isinstance(tool, dict) or tool.get("type", "function") != "function":
         return False
     function = tool.get("function")
-    return isinstance(function, dict) and isinstance(function.get("name"), str)
+    return (
+        isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and isinstance(function.get("parameters", {}), dict)
+    )
 
 
 def _typed(body: dict, key: str, kind: type, *, default):
@@ -201,19 +304,19 @@ def _number(body: dict, key: str, *, low: float, high: float) -> float | None:
     return float(value)
 
 
-def _optional_int(body: dict, key: str) -> int | None:
+def _optional_int(body: dict, key: str, *, low: int, high: int) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{key} must be an integer", param=key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"{key} must be an integer from {low} to {high}", param=key)
     return value
 
 
 def _positive_int(value: object, key: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _INT64:
         raise BadRequest(f"{key} must be a positive integer", param=key)
     return value
 
@@ -249,15 +352,36 @@ def finish_reason_for(message: dict, upstream_reason: str | None) -> str:
     return upstream_reason or "stop"
 
 
+def token_logprobs(tokens: Sequence[str], logprobs: Sequence[float], tops: Sequence[dict] | None) -> dict:
+    """OpenAI's `choices[].logprobs` for the sampled tokens (their text, logprob, UTF-8 bytes, and alternatives)."""
+
+    def entry(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    content = []
+    for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+        item = entry(token, logprob)
+        item["top_logprobs"] = [entry(t, lp) for t, lp in tops[i].items()] if tops else []
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
 def chat_completion(
-    *, completion_id: str, model: str, message: dict, finish_reason: str, usage: Usage, created: int | None = None
+    *,
+    completion_id: str,
+    model: str,
+    message: dict,
+    finish_reason: str,
+    usage: Usage,
+    logprobs: dict | None = None,
+    created: int | None = None,
 ) -> dict:
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": created if created is not None else int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}],
         "usage": usage.as_dict(),
     }
 
@@ -269,19 +393,21 @@ def chat_chunks(
     message: dict,
     finish_reason: str,
     usage: Usage | None,
+    logprobs: dict | None = None,
     created: int | None = None,
 ) -> Iterator[dict]:
     """The chunks OpenAI streams for one message: a role delta, reasoning, content, tool calls (name, then
-    arguments), the finish reason, and the usage chunk when `usage` is given. `[DONE]` is the caller's."""
+    arguments), the finish reason (with the logprobs when asked for), and the usage chunk when `usage` is given.
+    `[DONE]` is the caller's."""
     created = created if created is not None else int(time.time())
 
-    def chunk(delta: dict, finish: str | None = None) -> dict:
+    def chunk(delta: dict, finish: str | None = None, chunk_logprobs: dict | None = None) -> dict:
         return {
             "id": completion_id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": chunk_logprobs, "finish_reason": finish}],
         }
 
     yield chunk({"role": "assistant", "content": ""})
@@ -293,7 +419,7 @@ def chat_chunks(
         head = {"name": call["function"]["name"], "arguments": ""}
         yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": head}]})
         yield chunk({"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]})
-    yield chunk({}, finish_reason)
+    yield chunk({}, finish_reason, logprobs)
     if usage is not None:
         yield {
             "id": completion_id,

@@ -1,15 +1,20 @@
 """Durable JSON Lines storage of finished rollouts.
 
 `Recorder.write` appends one rollout as one line and fsyncs before it returns, so a rollout reported finished is
-on disk; a crash loses at most turns still in flight. Writes run in a worker thread (fsync blocks) and are
-serialised so lines never interleave. `read_records` reads a file back into the same types.
+on disk (live rollouts are in the journal, `journal.py`). Writes run in a worker thread (fsync blocks) and are
+serialised so lines never interleave. A write that was torn by a crash (a last line with no newline) was never
+acknowledged: on opening, the recorder moves it to `<file>.torn-<time>` and truncates the file to its last whole
+line, so the next record starts on a fresh line. `read_records` reads a file back into the same types, skipping
+a torn last line and reporting it through `on_torn` (a warning by default).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -19,11 +24,15 @@ from .records import RolloutRecord
 __all__ = ["Recorder", "read_records"]
 
 
+log = logging.getLogger("interceptor.recorder")
+
+
 class Recorder:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = asyncio.Lock()
+        _set_aside_torn_tail(self.path)
 
     async def write(self, record: RolloutRecord) -> None:
         line = orjson.dumps(record.to_json_dict(), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
@@ -37,12 +46,54 @@ class Recorder:
             os.fsync(f.fileno())
 
 
-def read_records(path: Path | str) -> Iterator[RolloutRecord]:
+def _set_aside_torn_tail(path: Path) -> None:
+    if not path.is_file():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        start = size
+        while start > 0:  # back to the byte after the last newline
+            step = min(start, 1 << 16)
+            f.seek(start - step)
+            chunk = f.read(step)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                start = start - step + cut + 1
+                break
+            start -= step
+        f.seek(start)
+        torn = f.read()
+        aside = path.with_name(f"{path.name}.torn-{int(time.time())}")
+        aside.write_bytes(torn)
+        f.truncate(start)
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("%s ended with a torn line (%d bytes, never acknowledged); moved it to %s", path, len(torn), aside)
+
+
+def read_records(
+    path: Path | str, *, on_torn: Callable[[int, int], None] | None = None
+) -> Iterator[RolloutRecord]:
+    """The records in `path`. A torn last line (a write cut off by a crash) is skipped and reported through
+    `on_torn(line_number, byte_count)`; any other line that is not a record is an error."""
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield RolloutRecord.from_json_dict(orjson.loads(line))
+                record = RolloutRecord.from_json_dict(orjson.loads(line))
             except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+                if not line.endswith(b"\n"):  # only the last line can lack one: a torn write
+                    if on_torn is not None:
+                        on_torn(number, len(line))
+                    else:
+                        log.warning("%s:%d: skipped a torn last line (%d bytes)", path, number, len(line))
+                    return
                 raise ValueError(f"{path}:{number}: not a rollout record: {exc}") from exc
+            yield record
+

@@ -1,5 +1,6 @@
 """What a rollout leaves behind: the records written to disk and read back, each type defined once.
 
+A `Generation` is what the policy sampled for one turn, as the upstream returned it (validated there).
 A `SampleRecord` is one linear token sequence the policy conditioned on: `input_ids`, `completion_mask` (1 where
 the policy sampled the token), `old_logprobs` (vLLM's logprob of each sampled token, 0.0 where the mask is 0),
 and the turns that built it. A `RolloutRecord` holds one rollout's samples (one per branch of the conversation:
@@ -16,6 +17,7 @@ from typing import Literal
 __all__ = [
     "SCHEMA",
     "Failure",
+    "Generation",
     "RolloutRecord",
     "RolloutStatus",
     "SampleRecord",
@@ -23,7 +25,25 @@ __all__ = [
 ]
 
 SCHEMA = "interceptor.rollout/1"
-RolloutStatus = Literal["running", "ok", "failed", "timeout"]
+# interrupted: the server stopped (crash, shutdown) before the rollout finished; its completed turns are kept
+RolloutStatus = Literal["running", "ok", "failed", "timeout", "interrupted"]
+FINISHED_STATUSES = ("ok", "failed", "timeout", "interrupted")
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What the policy sampled for one turn: one logprob per sampled token, both checked by the upstream client."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # stop | length
+    model: str
+    seconds: float
+    top_logprobs: list[dict[str, float]] | None = None  # per sampled token, when the agent asked for top_logprobs
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError("a generation needs exactly one logprob per sampled token")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +99,11 @@ class RolloutRecord:
     started_at: float = 0.0
     finished_at: float | None = None
     schema: str = SCHEMA
+
+    @property
+    def forks(self) -> int:
+        """Samples that broke off the main conversation (auxiliary side calls, like a title request, are not)."""
+        return max(0, sum(not s.auxiliary for s in self.samples) - 1)
 
     def to_json_dict(self) -> dict:
         return asdict(self)

@@ -3,15 +3,19 @@
 The agent's body goes upstream as it came, except `model` (the configured upstream model, when set) and the
 credentials (the server's key, never the agent's). A stream is passed through chunk by chunk as it arrives; the
 assistant message is rebuilt from the deltas on the side, for the trace. No token data exists in this mode.
+Any answer that is not a success (a 404 for an unknown model as much as a 503) is an upstream failure of the
+rollout, and a stream the upstream breaks off ends with an `error` event.
 """
 
 from __future__ import annotations
 
+import aiohttp
 import orjson
 from aiohttp import web
 
-from .errors import UpstreamError
-from .protocol import ChatRequest
+from .errors import UpstreamError, UpstreamUnavailable, error_body
+from .journal import Journal
+from .protocol import SSE_DONE, ChatRequest, encode_sse
 from .rollouts import Rollout
 from .streaming import SSE_HEADERS
 from .trajectory import message_key
@@ -21,22 +25,30 @@ __all__ = ["relay_chat"]
 
 
 async def relay_chat(
-    request: web.Request, upstream: UpstreamClient, rollout: Rollout, body: dict, chat: ChatRequest
+    request: web.Request,
+    upstream: UpstreamClient,
+    rollout: Rollout,
+    body: dict,
+    chat: ChatRequest,
+    *,
+    journal: Journal | None,
 ) -> web.StreamResponse:
     if upstream.config.model:
         body = {**body, "model": upstream.config.model}
     keys = [message_key(m) for m in chat.messages]
     known = _common_prefix(rollout.last_messages_keys, keys)
     rollout.last_messages_keys = keys
-    entry: dict = {"new_messages": chat.messages[known:], "known_messages": known}
+    entry: dict = rollout.scrub({"new_messages": chat.messages[known:], "known_messages": known})
     rollout.trace.append(entry)
     try:
         return await _relay(request, upstream, rollout, body, chat, entry)
     except UpstreamError as exc:
-        rollout.upstream_failures += 1
-        rollout.trailing_upstream_failures += 1
+        rollout.upstream_failed(exc.message)
         rollout.note("upstream_error", status=exc.status, message=exc.message)
         raise
+    finally:
+        if journal is not None:
+            journal.trace(rollout.id, trace=entry, usage=(rollout.prompt_tokens, rollout.completion_tokens))
 
 
 async def _relay(
@@ -46,6 +58,9 @@ async def _relay(
         entry["status"] = resp.status
         if resp.status < 400:
             rollout.trailing_upstream_failures = 0
+        else:
+            rollout.upstream_failed(f"the upstream answered {resp.status}")
+            rollout.note("upstream_error", status=resp.status)
         if not chat.stream or resp.status >= 400 or not resp.content_type.startswith("text/event-stream"):
             raw = await resp.read()
             _record_completion(rollout, entry, raw)
@@ -53,9 +68,16 @@ async def _relay(
         response = web.StreamResponse(status=resp.status, headers=SSE_HEADERS)
         await response.prepare(request)
         collected = _StreamCollector()
-        async for chunk in resp.content.iter_any():
-            await response.write(chunk)
-            collected.feed(chunk)
+        try:
+            async for chunk in resp.content.iter_any():
+                await response.write(chunk)
+                collected.feed(chunk)
+        except (aiohttp.ClientError, TimeoutError) as exc:  # the upstream broke off after the headers
+            error = UpstreamUnavailable(f"the upstream stream broke off: {type(exc).__name__}")
+            rollout.upstream_failed(error.message)
+            rollout.note("upstream_error", status=error.status, message=error.message)
+            entry["stream_error"] = error.message
+            await response.write(encode_sse(error_body(error)) + SSE_DONE)
         await response.write_eof()
         entry["response"] = collected.message()
         entry["finish_reason"] = collected.finish_reason

@@ -13,6 +13,7 @@ ids a full tokenization would give there.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,17 @@ from .templates import training_template_for
 __all__ = ["Renderer", "RendererConfig"]
 
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
+_LONG_TEXT_CHARS = 64 * 1024  # longer texts are tokenized through the batch path, which releases the GIL
+
+
+def _model_vocab_size(model_dir: Path) -> int:
+    """The model's own vocabulary size (config.json), which may exceed the tokenizer's (padded embeddings)."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    size = config.get("vocab_size") if isinstance(config, dict) else None
+    return size if isinstance(size, int) else 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,9 +70,18 @@ class Renderer:
             "eos_token": tokenizer.eos_token or "",
         }
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
+        self.vocab_size: int = max(len(tokenizer), _model_vocab_size(Path(config.model_dir)))
+        self._single_ids: dict[str, int | None] = {}
+
+    def single_token_id(self, text: str) -> int | None:
+        """The id of `text` when the tokenizer encodes it as one token, else None."""
+        if text not in self._single_ids:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            self._single_ids[text] = ids[0] if len(ids) == 1 else None
+        return self._single_ids[text]
+
+    def decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
         try:
@@ -76,6 +97,9 @@ class Renderer:
         return rendered[0]
 
     def encode(self, text: str) -> list[int]:
+        if len(text) > _LONG_TEXT_CHARS:
+            # The batch path of a fast tokenizer releases the GIL while it works; `encode` holds it.
+            return self.tokenizer([text], add_special_tokens=False)["input_ids"][0]
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def render_full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:

@@ -5,7 +5,13 @@ key; it opens every endpoint of the rollout) and the tools secret, which opens o
 agent's tools run (an `answer` command) that must not hold a credential to the model. `authorize` compares in
 constant time, and one rollout's secrets open nothing else. Finished rollouts keep only a digest of their secret
 and their status, so a late request gets a clear 409 (with the right secret) instead of a confusing 404.
-The secret is never part of a `repr`, a log line or a record.
+The secret is never part of a `repr`, a log line or a record: `Rollout.scrub` replaces both secrets in anything
+the rollout records (an agent that runs `env` puts its key into a tool result).
+
+Each turn's tries (the agent's retries send the same body) share one `Attempts`: the answer, whether it reached
+the agent, and the upstream calls left. A try is answered from the record when the first answer is still being
+generated, never reached the agent, or the SDK says it is a retry (`X-Stainless-Retry-Count`); a deliberate
+repeat of a request whose answer was delivered is sampled again.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from .config import SamplingSettings
 from .errors import Conflict, NotFound, Unauthorized
 from .records import Failure, RolloutRecord, RolloutStatus
 from .trajectory import Trajectory
+from .upstream import AttemptBudget
 
-__all__ = ["Rollout", "RolloutRegistry", "TurnResult"]
+__all__ = ["Attempts", "Rollout", "RolloutRegistry", "RolloutView", "TurnResult"]
 
 _FINISHED_KEPT = 100_000  # ids remembered after finishing, to answer late requests clearly
 _REPLAYS_KEPT = 8  # answered requests kept per rollout for SDK retries
@@ -35,6 +42,37 @@ class TurnResult:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    logprobs: dict | None = None  # OpenAI's choices[].logprobs, when the agent asked for them
+
+
+@dataclass(eq=False)
+class Attempts:
+    """One turn's tries: the answer being (or already) generated, whether the agent received it, and the upstream
+    calls the turn may still make."""
+
+    budget: AttemptBudget
+    future: asyncio.Future | None = None
+    delivered: bool = False
+
+    def answers_retry(self, *, sdk_retry: bool) -> bool:
+        """Whether a try with the same body is answered from this one instead of being generated anew."""
+        future = self.future
+        if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
+            return False  # nothing to replay: it failed, so the retry generates (within the shared budget)
+        return not future.done() or not self.delivered or sdk_retry
+
+
+def _scrub(value: object, secrets_: tuple[str, ...]) -> object:
+    if isinstance(value, str):
+        for secret in secrets_:
+            if secret in value:
+                value = value.replace(secret, "[redacted]")
+        return value
+    if isinstance(value, dict):
+        return {k: _scrub(v, secrets_) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v, secrets_) for v in value]
+    return value
 
 
 @dataclass(eq=False)
@@ -56,16 +94,43 @@ class Rollout:
     completion_tokens: int = 0
     upstream_failures: int = 0
     trailing_upstream_failures: int = 0  # since the last chat call that succeeded: a run that ends here failed
-    # request fingerprint -> the answer (or the answer being generated), for SDK retries
-    replays: OrderedDict[int, asyncio.Future] = field(default_factory=OrderedDict)
+    last_upstream_error: str = ""
+    # request fingerprint -> that turn's tries, for SDK retries
+    attempts: OrderedDict[int, Attempts] = field(default_factory=OrderedDict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the trajectory is planned or committed
+    finishing: bool = False  # its record is being written: it takes no more requests
+    ignored_noted: set = field(default_factory=set)  # unknown request fields already noted in the events
     last_messages_keys: list[tuple] = field(default_factory=list)  # black_box trace: what the last call sent
     last_activity: float = field(default_factory=time.monotonic)  # for idle watchdogs: the last authorised request
     in_flight: int = 0  # chat calls being answered now (a slow CPU generation is not an idle agent)
 
-    def remember_replay(self, fingerprint: int, future: asyncio.Future) -> None:
-        self.replays[fingerprint] = future
-        while len(self.replays) > _REPLAYS_KEPT:
-            self.replays.popitem(last=False)
+    def attempts_for(self, fingerprint: int, new_budget) -> Attempts:
+        attempts = self.attempts.get(fingerprint)
+        if attempts is None:
+            attempts = self.attempts[fingerprint] = Attempts(budget=new_budget())
+            while len(self.attempts) > _REPLAYS_KEPT:
+                self.attempts.popitem(last=False)
+        return attempts
+
+    def scrub(self, value: object) -> object:
+        """`value` with this rollout's secrets replaced by "[redacted]"."""
+        return _scrub(value, (self.secret, self.tools_secret))
+
+    def upstream_failed(self, message: str) -> None:
+        self.upstream_failures += 1
+        self.trailing_upstream_failures += 1
+        self.last_upstream_error = message
+
+    @property
+    def failure(self) -> Failure | None:
+        """The failure this rollout would be finished with now: its last chat call failed upstream."""
+        if self.trailing_upstream_failures:
+            return Failure(
+                cause="upstream",
+                message=f"the last {self.trailing_upstream_failures} chat call(s) failed upstream: "
+                f"{self.last_upstream_error}",
+            )
+        return None
 
     def activity(self) -> float:
         """The time (monotonic) of the agent's last sign of life: now while a chat call is being answered."""
@@ -86,7 +151,7 @@ class Rollout:
                 "completion_tokens": self.completion_tokens,
                 "turns": len(self.trace),
             },
-            answer=self.answer,
+            answer=self.scrub(self.answer),
             reward=reward,
             failure=failure,
             events=self.events,
@@ -97,7 +162,7 @@ class Rollout:
 
 
 def _digest(secret: str) -> bytes:
-    return hashlib.sha256(secret.encode()).digest()
+    return hashlib.sha256(secret.encode(errors="surrogateescape")).digest()
 
 
 class RolloutRegistry:
@@ -127,6 +192,8 @@ class RolloutRegistry:
         secret is accepted too."""
         presented = _bearer(authorization)
         rollout = self._live.get(rollout_id)
+        if rollout is not None and rollout.finishing:
+            raise Conflict(f"rollout {rollout_id} is finishing; it takes no more requests")
         if rollout is not None:
             accepted = [rollout.secret, rollout.tools_secret] if tools else [rollout.secret]
             if presented is None or not any(_same(presented, secret) for secret in accepted):
@@ -147,6 +214,13 @@ class RolloutRegistry:
             raise NotFound(f"no live rollout {rollout_id!r}")
         return rollout
 
+    def live(self) -> list[Rollout]:
+        return list(self._live.values())
+
+    def finished_status(self, rollout_id: str) -> str | None:
+        finished = self._finished.get(rollout_id)
+        return finished[1] if finished else None
+
     def retire(self, rollout: Rollout, status: RolloutStatus) -> None:
         self._live.pop(rollout.id, None)
         rollout.status = status
@@ -158,8 +232,48 @@ class RolloutRegistry:
         return rollout_id in self._finished
 
 
+class RolloutView:
+    """What a driver (the runner) may read of a live rollout, and `note`: no access to its trajectory or secrets."""
+
+    __slots__ = ("_rollout",)
+
+    def __init__(self, rollout: Rollout) -> None:
+        self._rollout = rollout
+
+    @property
+    def id(self) -> str:
+        return self._rollout.id
+
+    @property
+    def answer(self) -> object:
+        return self._rollout.answer
+
+    @property
+    def answered(self) -> bool:
+        return self._rollout.answered
+
+    @property
+    def turns(self) -> int:
+        return len(self._rollout.trace)
+
+    @property
+    def trailing_upstream_failures(self) -> int:
+        return self._rollout.trailing_upstream_failures
+
+    @property
+    def failure(self) -> Failure | None:
+        return self._rollout.failure
+
+    def activity(self) -> float:
+        return self._rollout.activity()
+
+    def note(self, kind: str, **details) -> None:
+        self._rollout.note(kind, **details)
+
+
 def _same(presented: str, secret: str) -> bool:
-    return hmac.compare_digest(presented.encode(), secret.encode())
+    # surrogateescape: a header with non-ASCII bytes is compared (and rejected), never an encoding error
+    return hmac.compare_digest(presented.encode(errors="surrogateescape"), secret.encode())
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -46,10 +46,17 @@ async def _serve(config: ServerConfig, token_file: Path | None) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with InterceptionServer(config) as server:
         if token_file is not None:
-            token_file.write_text(config.admin_token + "\n")
-            token_file.chmod(0o600)
+            _write_private(token_file, config.admin_token + "\n")
         print(f"interception server ({config.mode}) listening on {server.url}", flush=True)
         await stop.wait()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a secret to a file that is readable by its owner only from the moment it exists."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def run_serve_from_args(args: argparse.Namespace) -> int:

@@ -11,7 +11,10 @@ Routes (per rollout, behind `Authorization: Bearer <secret>`):
     POST /rollout/{id}/v1/tools/{name}        host tools; `answer` records the submission for the grader
 Admin (behind the admin token): POST /rollouts, GET /rollouts/{id}, POST /rollouts/{id}/finish. And GET /health.
 
-Errors are converted to OpenAI's shape in one middleware; input never causes a 500.
+Errors are converted to OpenAI's shape in one middleware; input never causes a 500. The server owns "no reward
+after a fault": a rollout whose last chat call failed upstream is finished `failed` (cause `upstream`) whatever
+the driver asks, unless the driver says why it accepts it (`accept_upstream_failures`). With a record file, every
+committed turn is journaled: a crash or a shutdown leaves the live rollouts as `interrupted` records.
 """
 
 from __future__ import annotations
@@ -28,14 +31,23 @@ from aiohttp import web
 
 from .admin import add_admin_routes
 from .config import SamplingSettings, ServerConfig
-from .errors import ApiError, BadRequest, ConfigError, NotFound, PayloadTooLarge, error_body
-from .gate import Policy, run_turn
-from .protocol import Usage, chat_completion, new_completion_id, parse_chat_request, parse_json_body
+from .errors import ApiError, BadRequest, ConfigError, Conflict, NotFound, PayloadTooLarge, error_body
+from .gate import HEAVY_REQUEST_BYTES, Policy, run_turn
+from .journal import Journal, journal_segments, recover_journal
+from .protocol import (
+    ChatRequest,
+    Usage,
+    chat_completion,
+    ensure_serialisable,
+    new_completion_id,
+    parse_chat_request,
+    parse_json_body,
+)
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .relay import relay_chat
 from .rendering import Renderer, RendererConfig
-from .rollouts import Rollout, RolloutRegistry
+from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
 from .trajectory import Trajectory
 from .upstream import UpstreamClient
@@ -60,7 +72,7 @@ class RolloutHandle:
 
 
 async def _answer_tool(rollout: Rollout, body: dict) -> dict:
-    rollout.answer = body.get("answer", body)
+    rollout.answer = rollout.scrub(body.get("answer", body))
     rollout.answered = True
     return {"ok": True, "message": "answer recorded"}
 
@@ -86,6 +98,11 @@ async def _errors_middleware(request: web.Request, handler) -> web.StreamRespons
         if exc.status != 404:
             error = BadRequest(f"{request.method} is not allowed on {request.path}")
         return _json(error_body(error), status=exc.status)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:  # the top-level capture point: a defect, logged with its traceback, answered in shape
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _json(error_body(ApiError("internal error; the server log has the details")), status=500)
 
 
 class InterceptionServer:
@@ -95,7 +112,8 @@ class InterceptionServer:
         self.host_tools: dict[str, HostTool] = {"answer": _answer_tool, **(host_tools or {})}
         self.policy: Policy | None = None
         self._upstream = UpstreamClient(config.upstream)
-        self._recorder = Recorder(config.record_path) if config.record_path else None
+        self._recorder: Recorder | None = None
+        self._journal: Journal | None = None
         self._stack = AsyncExitStack()
         self._port: int | None = None
 
@@ -114,8 +132,11 @@ class InterceptionServer:
 
     async def _start(self) -> None:
         await self._stack.enter_async_context(self._upstream)
+        if self.config.record_path is not None:
+            await self._open_records(self.config.record_path)
         if self.config.mode == "interception_gate":
             self.policy = await self._load_policy()
+            self.policy.journal_turn = self._journal_turn
         app = web.Application(middlewares=[_errors_middleware], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
         add_admin_routes(app, self)
@@ -127,11 +148,46 @@ class InterceptionServer:
             app, access_log=None, handler_cancellation=False, shutdown_timeout=self.config.shutdown_grace_s
         )
         await runner.setup()
+        # Shutdown, in this order: stop taking requests (in-flight ones get the grace), then write every rollout
+        # still live as `interrupted`, then close the journal (exit stack callbacks run in reverse).
         self._stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, self.config.host, self.config.port)
         await site.start()
         self._port = runner.addresses[0][1]
         log.info("interception server (%s) on %s", self.config.mode, self.url)
+
+    async def _open_records(self, path) -> None:
+        """Open the record file (a torn last line is set aside), write the rollouts a crashed server left in its
+        journal as `interrupted`, and start a new journal."""
+        self._recorder = await asyncio.to_thread(Recorder, path)
+        old_segments = journal_segments(path)
+        if old_segments:
+            recovered = await asyncio.to_thread(recover_journal, path)
+            for record in recovered:
+                await self._recorder.write(record)
+            for segment in old_segments:
+                segment.unlink()
+            if recovered:
+                log.warning("wrote %d rollouts left unfinished by an earlier run as interrupted", len(recovered))
+        self._journal = Journal(path)
+        self._stack.push_async_callback(self._close_records)
+
+    async def _close_records(self) -> None:
+        reason = "the server shut down before the rollout finished"
+        for rollout in list(self.registry.live()):
+            try:
+                await self.finish_rollout(rollout.id, status="interrupted",
+                                          failure=Failure(cause="interrupted", message=reason))
+            except Exception:  # one rollout's record must not stop the others'; it stays in the journal
+                log.exception("could not write rollout %s at shutdown; it stays in the journal", rollout.id)
+                self._journal.close(remove=False)
+                return
+        self._journal.close(remove=True)
+
+    def _journal_turn(self, rollout: Rollout, delta: dict, entry: dict) -> None:
+        if self._journal is not None:
+            self._journal.turn(rollout.id, branch=delta, trace=entry,
+                               usage=(rollout.prompt_tokens, rollout.completion_tokens))
 
     async def _load_policy(self) -> Policy:
         renderer = await asyncio.to_thread(
@@ -180,6 +236,9 @@ class InterceptionServer:
             metadata=metadata or {},
             trajectory=trajectory,
         )
+        if self._journal is not None:
+            self._journal.opened(rollout_id=rollout.id, mode=rollout.mode, metadata=rollout.metadata,
+                                 started_at=rollout.started_at)
         return RolloutHandle(
             id=rollout.id,
             base_url=f"{self.url}/rollout/{rollout.id}/v1",
@@ -195,8 +254,9 @@ class InterceptionServer:
             ids.add(tokenizer.pad_token_id)  # Qwen's generation_config also stops on <|endoftext|>
         return frozenset(ids)
 
-    def rollout(self, rollout_id: str) -> Rollout:
-        return self.registry.get(rollout_id)
+    def rollout(self, rollout_id: str) -> RolloutView:
+        """A read-only view of a live rollout (its answer, failures, activity), for drivers such as the runner."""
+        return RolloutView(self.registry.get(rollout_id))
 
     async def finish_rollout(
         self,
@@ -205,21 +265,38 @@ class InterceptionServer:
         status: RolloutStatus = "ok",
         failure: Failure | None = None,
         reward: float | None = None,
+        accept_upstream_failures: str | None = None,
     ) -> RolloutRecord:
         """End a rollout: it takes no more requests, and its record is on disk before this returns.
 
-        A rollout whose turns hit upstream failures and never produced a sample is marked failed (cause
-        `upstream`), whatever `status` says: infrastructure faults never become rewards.
+        A rollout whose last chat call failed upstream is finished `failed` with cause `upstream` and no reward,
+        whatever `status` says (infrastructure faults never become rewards), unless `accept_upstream_failures`
+        says why the driver accepts it (kept in the record's events). If the record cannot be written, the
+        rollout stays live and the error is raised: nothing is lost.
         """
         rollout = self.registry.get(rollout_id)
-        if status == "ok" and failure is None and rollout.upstream_failures and not rollout.trace:
-            status, failure = "failed", Failure(cause="upstream", message="every turn failed upstream")
-        if status != "ok" and failure is None:
-            failure = Failure(cause=status, message=f"rollout ended as {status}")
+        if rollout.finishing:
+            raise Conflict(f"rollout {rollout_id} is already finishing")
+        rollout.finishing = True
+        try:
+            fault = rollout.failure
+            if fault is not None and status == "ok" and failure is None:
+                if accept_upstream_failures:
+                    rollout.note("upstream_failures_accepted", reason=accept_upstream_failures,
+                                 failure=fault.message)
+                else:
+                    status, failure = "failed", fault
+            if status != "ok" and failure is None:
+                failure = Failure(cause=status, message=f"rollout ended as {status}")
+            record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None)
+            if self._recorder is not None:
+                await self._recorder.write(record)
+        except BaseException:
+            rollout.finishing = False
+            raise
+        if self._journal is not None:
+            self._journal.finished(rollout_id)
         self.registry.retire(rollout, status)
-        record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None)
-        if self._recorder is not None:
-            await self._recorder.write(record)
         return record
 
     async def pause(self) -> None:
@@ -252,11 +329,23 @@ class InterceptionServer:
 
     async def _answer_chat(self, request: web.Request, rollout: Rollout) -> web.StreamResponse:
         raw = await request.read()
-        body = parse_json_body(raw)
-        chat = parse_chat_request(body)
+        heavy = len(raw) > HEAVY_REQUEST_BYTES  # parsed and planned in a worker thread: other rollouts go on
+        body, chat = await asyncio.to_thread(_parse_chat, raw) if heavy else _parse_chat(raw)
+        if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
+            rollout.ignored_noted.update(chat.ignored)
+            rollout.note("ignored_request_fields", fields=list(chat.ignored))
         if self.policy is None:
-            return await relay_chat(request, self._upstream, rollout, body, chat)
-        turn = run_turn(self.policy, rollout, chat, fingerprint=hash(raw))  # SDK retries resend the same bytes
+            ensure_serialisable(body, "body")  # relayed as JSON: it must serialise
+            return await relay_chat(request, self._upstream, rollout, body, chat, journal=self._journal)
+        attempts_key = hash(raw)  # SDK retries resend the same bytes
+        turn = run_turn(self.policy, rollout, chat, fingerprint=attempts_key, sdk_retry=_sdk_retry(request),
+                        heavy=heavy)
+
+        def delivered() -> None:
+            attempts = rollout.attempts.get(attempts_key)
+            if attempts is not None:
+                attempts.delivered = True
+
         completion_id = new_completion_id()
         model = self.config.served_model_name
         if chat.stream:
@@ -266,18 +355,25 @@ class InterceptionServer:
                 completion_id=completion_id,
                 model=model,
                 include_usage=chat.include_usage,
+                hold_s=self.config.stream_hold_s,
                 keepalive_s=self.config.keepalive_s,
+                on_delivered=delivered,
             )
         result = await turn
-        return _json(
+        response = _json(
             chat_completion(
                 completion_id=completion_id,
                 model=model,
                 message=result.message,
                 finish_reason=result.finish_reason,
                 usage=Usage(result.prompt_tokens, result.completion_tokens),
+                logprobs=result.logprobs,
             )
         )
+        await response.prepare(request)
+        await response.write_eof()
+        delivered()
+        return response
 
     async def _models(self, request: web.Request) -> web.Response:
         self._authorize(request)
@@ -294,5 +390,20 @@ class InterceptionServer:
             raise NotFound(f"no host tool {name!r}; this rollout has {sorted(self.host_tools)}")
         raw = await request.read()
         body = parse_json_body(raw) if raw.strip() else {}
+        ensure_serialisable(body, "body")  # it is recorded: nothing that parses may make the record unwritable
         rollout.note("tool_call", tool=name)
-        return _json(await tool(rollout, body))
+        answer = await tool(rollout, body)
+        if name == "answer" and self._journal is not None:
+            self._journal.answered(rollout.id, rollout.answer)
+        return _json(answer)
+
+
+def _parse_chat(raw: bytes) -> tuple[dict, ChatRequest]:
+    body = parse_json_body(raw)
+    return body, parse_chat_request(body)
+
+
+def _sdk_retry(request: web.Request) -> bool:
+    """The OpenAI SDKs number their retries in `X-Stainless-Retry-Count` (0 on the first try)."""
+    count = request.headers.get("X-Stainless-Retry-Count", "0")
+    return count.isdigit() and int(count) > 0

@@ -1,18 +1,19 @@
 """Answering a streamed chat request in interception_gate mode.
 
-The upstream call is not streamed, so the whole answer exists at once. If it comes within `keepalive_s`, the
-response is an ordinary OpenAI stream (and an upstream failure is still an HTTP error status the agent's SDK can
-retry). If generation takes longer, the headers and the role delta go out, then an SSE comment line every
+The upstream call is not streamed, so the whole answer exists at once. The status is held back for up to `hold_s`
+(the SDKs wait minutes for headers: openai-python and the OpenAI Node SDK 10 minutes, undici 5): if the answer
+or a failure comes by then, the response is an ordinary OpenAI stream, or an HTTP error status the agent's SDK
+retries. If generation takes longer, the headers and the role delta go out, then an SSE comment line every
 `keepalive_s` (`: keepalive`, which openai-python, the OpenAI Node SDK used by Pi, and the AI SDK's
 eventsource-parser used by OpenCode all skip), so no idle timeout closes the connection. A failure after the
-headers is sent as an `error` event, which the SDKs raise.
+headers is sent as an `error` event, which the SDKs raise and do not retry: hence the long hold.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -33,15 +34,18 @@ async def stream_turn(
     completion_id: str,
     model: str,
     include_usage: bool,
+    hold_s: float,
     keepalive_s: float,
+    on_delivered: Callable[[], None],
 ) -> web.StreamResponse:
     task = asyncio.ensure_future(turn)
     try:
-        done, _ = await asyncio.wait({task}, timeout=keepalive_s)
+        done, _ = await asyncio.wait({task}, timeout=hold_s)
         if done:
             result = task.result()  # raises ApiError before any header is sent: a plain error response
             response = await _open(request)
             await _write_result(response, result, completion_id, model, include_usage, role_sent=False)
+            on_delivered()
             return response
         response = await _open(request)
         first = next(chat_chunks(completion_id=completion_id, model=model, message={}, finish_reason="stop", usage=None))
@@ -54,10 +58,11 @@ async def stream_turn(
         try:
             result = task.result()
         except ApiError as exc:
-            await response.write(encode_sse(error_body(exc)))
+            await response.write(encode_sse(error_body(exc)) + SSE_DONE)
             await response.write_eof()
             return response
         await _write_result(response, result, completion_id, model, include_usage, role_sent=True)
+        on_delivered()
         return response
     except (ConnectionResetError, asyncio.CancelledError):
         # The agent went away. The turn itself runs to the end and is recorded, so a retry is answered from it.
@@ -92,6 +97,7 @@ async def _write_result(
         message=result.message,
         finish_reason=result.finish_reason,
         usage=usage,
+        logprobs=result.logprobs,
     )
     if role_sent:
         next(chunks)

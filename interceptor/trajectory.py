@@ -21,59 +21,85 @@ All methods are synchronous: on one event loop, `plan` and `commit` never interl
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import orjson
 
-from .records import SampleRecord, TurnRecord
+from .records import Generation, SampleRecord, TurnRecord
 from .rendering import Renderer
 
-__all__ = ["Generation", "TurnPlan", "Trajectory", "message_key", "tools_key"]
+__all__ = ["BranchRecord", "TurnPlan", "Trajectory", "build_samples", "message_key", "tools_key"]
 
 
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """What the policy sampled for one turn, as the upstream returned it."""
+@dataclass(eq=False)
+class BranchRecord:
+    """One branch's recorded tokens: what becomes a `SampleRecord`. Live branches and branches rebuilt from the
+    journal are both this, so samples are built by one function (`build_samples`)."""
 
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # stop | length
-    model: str
-    seconds: float
-
-    def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.logprobs):
-            raise ValueError("a generation needs exactly one logprob per sampled token")
-
-
-@dataclass(slots=True)
-class _Branch:
-    messages: list[dict]  # the conversation this branch covers, through its last assistant turn
-    system: dict | None
-    tools_key: bytes
+    number: int  # order of creation within the rollout
+    tools_digest: str  # "" when the branch's requests carry no tools
+    system_digest: str  # "" when they have no system message
     fork_reason: str | None
     ids: array = field(default_factory=lambda: array("i"))
     mask: bytearray = field(default_factory=bytearray)
     logprobs: array = field(default_factory=lambda: array("f"))
     turns: list[TurnRecord] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Branch(BranchRecord):
+    messages: list[dict] = field(default_factory=list)  # the conversation covered, through its last assistant turn
+    system: dict | None = None
+    tools_key: bytes = b""
+    origin: tuple[int, int] | None = None  # (branch number, length) this branch was copied from
     open_turn: bool = False  # the last turn ended without an end-of-turn token (cut by length)
     busy: bool = False
+    journaled: bool = False  # its first commit (which says where it came from) has been handed out
 
-    def copy(self, reason: str) -> _Branch:
+    def copy(self, number: int, reason: str) -> _Branch:
         return _Branch(
+            number=number,
+            tools_digest=self.tools_digest,
+            system_digest=self.system_digest,
+            fork_reason=reason,
             messages=list(self.messages),
             system=self.system,
             tools_key=self.tools_key,
-            fork_reason=reason,
+            origin=(self.number, len(self.ids)),
             ids=array("i", self.ids),
             mask=bytearray(self.mask),
             logprobs=array("f", self.logprobs),
             turns=list(self.turns),
             open_turn=self.open_turn,
         )
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest() if data else ""
+
+
+def build_samples(branches: list[BranchRecord]) -> list[SampleRecord]:
+    """Samples of the branches that have turns, in creation order. A branch whose tools or system prompt differ
+    from the main one's (the first with tools) is auxiliary: a side call such as a title request."""
+    branches = [b for b in branches if b.turns]
+    primary = next((b for b in branches if b.tools_digest), branches[0] if branches else None)
+    return [
+        SampleRecord(
+            index=i,
+            input_ids=b.ids.tolist(),
+            completion_mask=list(b.mask),
+            old_logprobs=b.logprobs.tolist(),
+            turns=list(b.turns),
+            auxiliary=primary is not None
+            and (b.tools_digest != primary.tools_digest or b.system_digest != primary.system_digest),
+            fork_reason=b.fork_reason,
+        )
+        for i, b in enumerate(branches)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,14 +155,16 @@ class Trajectory:
         self._renderer = renderer
         self._stop_ids = stop_ids
         self._branches: list[_Branch] = []
+        self._created = 0  # branches numbered in creation order (the journal names them by number)
 
-    @property
-    def forks(self) -> int:
-        return max(0, sum(1 for b in self._branches if b.turns) - 1)
+    def _number(self) -> int:
+        self._created += 1
+        return self._created
 
-    def plan(self, messages: list[dict], tools: list[dict] | None) -> TurnPlan:
-        """Reserve the next turn for these messages: extend the branch they continue, or fork."""
-        tkey = tools_key(tools)
+    def plan(self, messages: list[dict], tools: list[dict] | None, tkey: bytes | None = None) -> TurnPlan:
+        """Reserve the next turn for these messages: extend the branch they continue, or fork. `tkey` is
+        `tools_key(tools)` when the caller has it already."""
+        tkey = tools_key(tools) if tkey is None else tkey
         system = messages[0] if messages[0]["role"] == "system" else None
         reason = None
         for branch in reversed(self._branches):
@@ -161,7 +189,7 @@ class Trajectory:
                 suffix = [self._renderer.end_of_turn_id, *suffix]
             forked = branch.busy
             if forked:  # a concurrent turn on the same history: both are real, keep both
-                branch = branch.copy("concurrent turn on the same history")
+                branch = branch.copy(self._number(), "concurrent turn on the same history")
                 self._branches.append(branch)
             branch.busy = True
             return TurnPlan(
@@ -173,10 +201,12 @@ class Trajectory:
             )
         prompt = self._renderer.render_full(messages, tools)
         branch = _Branch(
-            messages=[],
+            number=self._number(),
+            tools_digest=_digest(tkey),
+            system_digest=_digest(orjson.dumps(system)) if system else "",
+            fork_reason=(reason or self._why_not_extended(messages, tkey)) if self._branches else None,
             system=system,
             tools_key=tkey,
-            fork_reason=(reason or self._why_not_extended(messages, tkey)) if self._branches else None,
         )
         branch.busy = True
         self._branches.append(branch)
@@ -202,9 +232,11 @@ class Trajectory:
         return "the history is shorter than the latest sample's"
 
     def commit(self, plan: TurnPlan, generation: Generation, *, returned: dict, finish_reason: str,
-               malformed: bool, policy_version: int) -> None:
-        """Record a generated turn: the new prompt ids (mask 0), then the sampled ids (mask 1, with logprobs)."""
+               malformed: bool, policy_version: int) -> dict:
+        """Record a generated turn: the new prompt ids (mask 0), then the sampled ids (mask 1, with logprobs).
+        Returns what the journal needs to rebuild the branch (its first turn also says where it came from)."""
         branch = plan.branch
+        first, branch.journaled = not branch.journaled, True
         prompt_start = len(branch.ids)
         branch.ids.extend(plan.new_prompt_ids)
         branch.mask.extend(bytes(len(plan.new_prompt_ids)))
@@ -213,8 +245,7 @@ class Trajectory:
         branch.ids.extend(generation.token_ids)
         branch.mask.extend(b"\x01" * len(generation.token_ids))
         branch.logprobs.extend(generation.logprobs)
-        branch.turns.append(
-            TurnRecord(
+        turn = TurnRecord(
                 prompt_start=prompt_start,
                 completion_start=completion_start,
                 completion_end=len(branch.ids),
@@ -223,12 +254,17 @@ class Trajectory:
                 model=generation.model,
                 policy_version=policy_version,
                 seconds=round(generation.seconds, 6),
-            )
         )
+        branch.turns.append(turn)
         # Keep the agent's own copies: next turn it sends the same dicts again, which compare at C speed.
         branch.messages = [*plan.request_messages, returned]
         branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
         branch.busy = False
+        delta = {"b": branch.number, "p": plan.new_prompt_ids, "t": generation.token_ids, "l": generation.logprobs,
+                 "turn": asdict(turn)}
+        if first:
+            delta.update(o=branch.origin, fr=branch.fork_reason, tk=branch.tools_digest, sk=branch.system_digest)
+        return delta
 
     def release(self, plan: TurnPlan) -> None:
         """Give back a turn that produced nothing (upstream failure, overflow): the branch stays as it was."""
@@ -237,21 +273,7 @@ class Trajectory:
             self._branches.remove(plan.branch)  # a fork that never got a turn leaves no sample
 
     def samples(self) -> list[SampleRecord]:
-        branches = [b for b in self._branches if b.turns]
-        primary = next((b for b in branches if b.tools_key), branches[0] if branches else None)
-        return [
-            SampleRecord(
-                index=i,
-                input_ids=b.ids.tolist(),
-                completion_mask=list(b.mask),
-                old_logprobs=b.logprobs.tolist(),
-                turns=list(b.turns),
-                auxiliary=primary is not None
-                and (b.tools_key != primary.tools_key or b.system != primary.system),
-                fork_reason=b.fork_reason,
-            )
-            for i, b in enumerate(branches)
-        ]
+        return build_samples(self._branches)
 
     def recorded_tokens(self) -> int:
         return sum(len(b.ids) for b in self._branches)

@@ -1,49 +1,81 @@
 """The client for the policy server (vLLM or the local engine) and, in black_box mode, any OpenAI-style API.
 
-One pooled aiohttp session. Generation goes through `/v1/completions` with token ids in and token ids out, never
-streaming (streamed token ids are lossy around tool calls). Connection errors, 429 and 5xx are retried with
-jittered exponential backoff (tenacity); what still fails is converted once, here, into the interceptor's errors:
-unreachable -> 503, timed out -> 504, anything else -> 502. A missing logprob is an error, never a zero.
+One pooled aiohttp session and one request path (`_send`) with one retry policy (tenacity): connection errors,
+resets before or in the middle of a body (aiohttp's payload errors), an aborted generation and the statuses in
+`RETRYABLE_STATUSES` are retried with jittered exponential backoff, within an `AttemptBudget`: the total number
+of upstream calls one turn may cost, shared by the agent's own retries of that turn (so an SDK that retries 3
+times does not make 3 x 4 calls). What still fails is converted once, here, into the interceptor's errors:
+unreachable or failing -> 503, timed out -> 504, a reply that breaks the contract -> 502.
+
+Generation goes through `/v1/completions` with token ids in and token ids out, never streaming (streamed token ids
+are lossy around tool calls). The reply is parsed into a `Generation` by `parse_generation`, which checks every
+field the samples depend on (ids in the vocabulary, one finite logprob per id): a missing logprob is an error,
+never a zero. URLs in messages have their credentials removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from .config import UpstreamConfig
 from .errors import ContextLengthExceeded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from .trajectory import Generation
+from .records import Generation
 
-__all__ = ["UpstreamClient", "Sampling"]
+__all__ = ["AttemptBudget", "RETRYABLE_STATUSES", "UpstreamClient", "parse_generation", "redact_url"]
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+_ERROR_TEXT_KEPT = 500  # characters of an upstream error body quoted in our own error message
 
 
-class _RetryableStatus(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(f"upstream answered {status}: {text[:500]}")
-        self.status = status
-        self.text = text
+@dataclass(eq=False)
+class AttemptBudget:
+    """Upstream calls one turn may still make. Shared by every try of the same turn."""
+
+    total: int
+    used: int = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.used >= self.total
 
 
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (_RetryableStatus, aiohttp.ClientConnectionError))
+class _Retryable(Exception):
+    """A failure worth another attempt (a status in RETRYABLE_STATUSES, an aborted generation)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 Sampling = dict  # the sampling fields of a /v1/completions request (temperature, top_p, top_k, seed, max_tokens)
+
+
+def redact_url(url: str) -> str:
+    """The URL without `user:password@`, for messages that reach agents, logs and records."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 class UpstreamClient:
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        self._where = redact_url(config.root)
 
     async def __aenter__(self) -> UpstreamClient:
         self._session = aiohttp.ClientSession(
@@ -51,7 +83,6 @@ class UpstreamClient:
             timeout=aiohttp.ClientTimeout(
                 total=self.config.request_timeout_s, sock_connect=self.config.connect_timeout_s
             ),
-            json_serialize=lambda obj: orjson.dumps(obj).decode(),
         )
         return self
 
@@ -65,120 +96,194 @@ class UpstreamClient:
             raise RuntimeError("UpstreamClient used outside `async with`")
         return self._session
 
+    def new_budget(self) -> AttemptBudget:
+        return AttemptBudget(total=self.config.attempts)
+
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    def _retrying(self) -> AsyncRetrying:
-        return AsyncRetrying(
-            stop=stop_after_attempt(self.config.attempts),
-            wait=wait_random_exponential(multiplier=self.config.backoff_initial_s, max=self.config.backoff_max_s),
-            retry=retry_if_exception(_retryable),
-            reraise=True,
-        )
+    # ------------------------------------------------------------------------------- the one request path
 
-    async def _post_json(self, path: str, payload: dict) -> dict:
-        data = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # prompt ids may be a numpy array
+    @asynccontextmanager
+    async def _send(
+        self, method: str, path: str, *, data: bytes | None, budget: AttemptBudget, passthrough: bool = False
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send until an answer worth keeping, within `budget`, and yield the response with its body unread.
+
+        Without `passthrough` the body is read inside the retried block (a reset in the middle of it is retried)
+        and any 4xx or 5xx is an error. With `passthrough` (black_box relays), a response whose status is not
+        retryable is the agent's answer and comes back as it is, body unread, for streaming through."""
+        if budget.spent:
+            raise UpstreamUnavailable(
+                f"this turn has used its {budget.total} upstream calls (the agent's retries share them); "
+                "the policy server is failing"
+            )
         url = self.config.root + path
+        last_failure = ""
         try:
-            async for attempt in self._retrying():
+            async for attempt in AsyncRetrying(
+                stop=lambda _state: budget.spent,
+                wait=wait_random_exponential(multiplier=self.config.backoff_initial_s, max=self.config.backoff_max_s),
+                retry=retry_if_exception_type((_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)),
+                reraise=True,
+            ):
                 with attempt:
-                    async with self.session.post(url, data=data, headers=self._headers()) as resp:
-                        raw = await resp.read()
-                        if resp.status in RETRYABLE_STATUSES:
-                            raise _RetryableStatus(resp.status, raw.decode(errors="replace"))
-                        if resp.status >= 400:
-                            raise _client_error(resp.status, raw)
-                        return orjson.loads(raw)
-        except _RetryableStatus as exc:
-            raise UpstreamUnavailable(f"the policy server kept failing: {exc}") from exc
-        except aiohttp.ClientConnectionError as exc:
-            raise UpstreamUnavailable(f"cannot reach the policy server at {self.config.root}: {exc}") from exc
-        except (asyncio.TimeoutError, TimeoutError) as exc:
-            raise UpstreamTimeout(f"the policy server did not answer within {self.config.request_timeout_s}s") from exc
+                    budget.used += 1
+                    resp = await self.session.request(method, url, data=data, headers=self._headers())
+                    try:
+                        if resp.status in RETRYABLE_STATUSES and not (passthrough and resp.status == 429):
+                            text = (await resp.read()).decode(errors="replace")
+                            last_failure = f"{resp.status}: {text[:_ERROR_TEXT_KEPT]}"
+                            raise _Retryable(f"answered {last_failure}")
+                        if not passthrough:
+                            await resp.read()  # inside the retried block: a reset mid-body is retried
+                            if resp.status >= 400:
+                                raise _client_error(resp.status, resp._body or b"")
+                    except BaseException:
+                        resp.release()
+                        raise
+            try:
+                yield resp
+            finally:
+                resp.release()
+        except _Retryable as exc:
+            raise UpstreamUnavailable(f"the policy server at {self._where} kept failing ({exc.message})") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise UpstreamUnavailable(f"cannot reach the policy server at {self._where}: {_describe(exc)}") from exc
+        except TimeoutError as exc:
+            raise UpstreamTimeout(
+                f"the policy server at {self._where} did not answer within {self.config.request_timeout_s}s"
+            ) from exc
+        except aiohttp.ClientError as exc:  # anything else aiohttp raises: bad URL, too many redirects, ...
+            raise UpstreamUnavailable(f"the request to {self._where} failed: {_describe(exc)}") from exc
+
+    async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget) -> object:
+        data = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # prompt ids may be a numpy array
+        async with self._send("POST", path, data=data, budget=budget) as resp:
+            raw = resp._body or b""
+        try:
+            return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise UpstreamError(f"the policy server sent invalid JSON: {exc}") from exc
-        raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    # ----------------------------------------------------------------------------------------- calls
 
     async def models(self) -> list[dict]:
-        url = self.config.root + "/v1/models"
+        async with self._send("GET", "/v1/models", data=None, budget=self.new_budget()) as resp:
+            raw = resp._body or b""
         try:
-            async for attempt in self._retrying():
-                with attempt:
-                    async with self.session.get(url, headers=self._headers()) as resp:
-                        if resp.status in RETRYABLE_STATUSES:
-                            raise _RetryableStatus(resp.status, await resp.text())
-                        resp.raise_for_status()
-                        return (await resp.json(loads=orjson.loads))["data"]
-        except (aiohttp.ClientError, _RetryableStatus, KeyError) as exc:
-            raise UpstreamUnavailable(f"cannot list the models of {self.config.root}: {exc}") from exc
-        raise AssertionError("unreachable")
+            data = orjson.loads(raw)["data"]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise UpstreamError(f"{self._where}/v1/models is not a model list: {exc!r}") from exc
+        if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+            raise UpstreamError(f"{self._where}/v1/models is not a model list")
+        return data
 
-    async def complete(self, *, model: str, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+    async def complete(
+        self,
+        *,
+        model: str,
+        prompt_ids: Sequence[int],
+        sampling: Sampling,
+        vocab_size: int,
+        top_logprobs: int = 0,
+        budget: AttemptBudget | None = None,
+    ) -> Generation:
         payload = {
             "model": model,
             "prompt": prompt_ids,
             "return_token_ids": True,
-            "logprobs": 0,  # the sampled token's logprob only
+            "logprobs": top_logprobs,  # 0: the sampled token's logprob only
             **sampling,
         }
-        started = time.perf_counter()
-        body = await self._post_json("/v1/completions", payload)
-        seconds = time.perf_counter() - started
-        try:
-            choice = body["choices"][0]
-            token_ids = choice["token_ids"]
-            logprobs = choice["logprobs"]["token_logprobs"]
-            finish_reason = choice["finish_reason"]
-        except (KeyError, IndexError, TypeError) as exc:
-            raise UpstreamError(
-                f"the policy server's answer lacks token_ids or logprobs ({exc!r}); is it vLLM >= 0.10.2?"
-            ) from exc
-        if not isinstance(token_ids, list) or not isinstance(logprobs, list) or len(token_ids) != len(logprobs):
-            raise UpstreamError("the policy server returned token_ids and logprobs of different lengths")
-        if any(lp is None for lp in logprobs):
-            raise UpstreamError("the policy server left a sampled token without a logprob")
-        return Generation(
-            token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason=finish_reason if finish_reason in ("stop", "length") else "stop",
-            model=body.get("model", model),
-            seconds=seconds,
-        )
+        budget = budget or self.new_budget()
+        while True:
+            started = time.perf_counter()
+            body = await self._post_json("/v1/completions", payload, budget=budget)
+            try:
+                return parse_generation(
+                    body, model=model, vocab_size=vocab_size, top_logprobs=top_logprobs,
+                    seconds=time.perf_counter() - started,
+                )
+            except _Retryable as exc:  # the generation was aborted (a pause with mode=abort): try again
+                if budget.spent:
+                    raise UpstreamUnavailable(f"the policy server at {self._where} {exc.message}") from exc
 
     @asynccontextmanager
-    async def relay(self, path: str, body: bytes) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def relay(
+        self, path: str, body: bytes, *, budget: AttemptBudget | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST `body` unchanged to the upstream (black_box) and yield the open response for streaming through.
-        Only connecting is retried: once the upstream has answered, its answer is the agent's."""
-        url = self.config.root + path
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    resp = await self.session.post(url, data=body, headers=self._headers())
-                    if resp.status in RETRYABLE_STATUSES and resp.status != 429:
-                        text = await resp.text()
-                        resp.release()
-                        raise _RetryableStatus(resp.status, text)
-        except _RetryableStatus as exc:
-            raise UpstreamUnavailable(f"the upstream kept failing: {exc}") from exc
-        except aiohttp.ClientConnectionError as exc:
-            raise UpstreamUnavailable(f"cannot reach the upstream at {self.config.root}: {exc}") from exc
-        except (asyncio.TimeoutError, TimeoutError) as exc:
-            raise UpstreamTimeout("the upstream did not answer in time") from exc
-        try:
+        Failing statuses are retried; once the upstream has answered otherwise, its answer is the agent's."""
+        async with self._send("POST", path, data=body, budget=budget or self.new_budget(), passthrough=True) as resp:
             yield resp
-        finally:
-            resp.release()
+
+
+def parse_generation(body: object, *, model: str, vocab_size: int, top_logprobs: int, seconds: float) -> Generation:
+    """The `Generation` in a `/v1/completions` reply, or `UpstreamError` (502) naming what breaks the contract."""
+    try:
+        choice = body["choices"][0]  # type: ignore[index]
+        token_ids = choice["token_ids"]
+        logprobs = choice["logprobs"]
+        token_logprobs = logprobs["token_logprobs"]
+        finish_reason = choice["finish_reason"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise UpstreamError(
+            f"the policy server's answer lacks token_ids or logprobs ({exc!r}); is it vLLM >= 0.10.2?"
+        ) from exc
+    if finish_reason == "abort":
+        raise _Retryable("aborted the generation")
+    if finish_reason not in ("stop", "length"):
+        raise UpstreamError(f"the policy server returned an unknown finish_reason {str(finish_reason)[:50]!r}")
+    if not isinstance(token_ids, list) or not isinstance(token_logprobs, list):
+        raise UpstreamError("the policy server's token_ids and token_logprobs must be lists")
+    if len(token_ids) != len(token_logprobs):
+        raise UpstreamError(
+            f"the policy server returned {len(token_ids)} token ids but {len(token_logprobs)} logprobs"
+        )
+    if not all(type(t) is int for t in token_ids) or (token_ids and not 0 <= min(token_ids) <= max(token_ids) < vocab_size):
+        raise UpstreamError(f"the policy server returned token ids that are not in the vocabulary (0..{vocab_size - 1})")
+    if not all(type(lp) is float or type(lp) is int for lp in token_logprobs):
+        raise UpstreamError("the policy server left a sampled token without a numeric logprob")
+    if not all(math.isfinite(lp) for lp in token_logprobs):
+        raise UpstreamError("the policy server returned a logprob that is not finite")
+    tops = None
+    if top_logprobs:
+        tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+        if not isinstance(tops, list) or len(tops) != len(token_ids) or not all(_is_top_entry(t) for t in tops):
+            raise UpstreamError("the policy server's top_logprobs do not match its sampled tokens")
+    answered_model = body.get("model") if isinstance(body, dict) else None
+    return Generation(
+        token_ids=token_ids,
+        logprobs=[float(lp) for lp in token_logprobs],
+        finish_reason=finish_reason,
+        model=answered_model if isinstance(answered_model, str) else model,
+        seconds=seconds,
+        top_logprobs=tops,
+    )
+
+
+def _is_top_entry(entry: object) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(k, str) and (type(v) is float or type(v) is int) and math.isfinite(v) for k, v in entry.items()
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_KEPT]
 
 
 def _client_error(status: int, raw: bytes) -> Exception:
     text = raw.decode(errors="replace")
     try:
         message = orjson.loads(raw)["error"]["message"]
+        if not isinstance(message, str):
+            raise TypeError
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        message = text[:500]
+        message = text[:_ERROR_TEXT_KEPT]
     if status == 400 and "context length" in message:
         return ContextLengthExceeded(message)
-    return UpstreamError(f"the policy server rejected the request ({status}): {message}")
+    return UpstreamError(f"the policy server rejected the request ({status}): {message[:_ERROR_TEXT_KEPT]}")

@@ -90,7 +90,7 @@ def build_group(
                     advantage=float(advantage),
                     model_version=model_version,
                     group_id=group_id,
-                    metrics={"reward": float(record.reward), "forks": float(len(record.samples) - 1)},
+                    metrics={"reward": float(record.reward), "forks": float(record.forks)},
                     enqueued_at=now,
                 )
             )

@@ -204,7 +204,7 @@ def _group_metrics(records, outcome, dispatched: int, current: int) -> dict:
         "rollouts/reward_mean": statistics.fmean(outcome.rewards) if outcome.rewards else float("nan"),
         "rollouts/reward_std": statistics.pstdev(outcome.rewards) if len(outcome.rewards) > 1 else float("nan"),
         "rollouts/zero_variance": (1.0 if outcome.dropped.get("zero_variance") else 0.0, 1.0),
-        "rollouts/forks_per_rollout": statistics.fmean(max(0, len(r.samples) - 1) for r in records),
+        "rollouts/forks_per_rollout": statistics.fmean(r.forks for r in records),
         "rollouts/turns_mean": statistics.fmean(turns),
         "rollouts/sampled_tokens_per_s": sampled / seconds,
         "rollouts/staleness_at_finish": float(current - dispatched),

@@ -22,6 +22,7 @@ async def server(scripted, tiny_model_dir, tmp_path):
         record_path=tmp_path / "rollouts.jsonl",
         max_body_bytes=1024 * 1024,
         keepalive_s=0.2,
+        stream_hold_s=0.2,
     )
     async with InterceptionServer(config) as server:
         yield server

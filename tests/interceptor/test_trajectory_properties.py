@@ -47,8 +47,9 @@ async def converse(server, upstream, handle, client, replies, actions):
     last_request: list[dict] | None = None
     for step, (reply, action) in enumerate(zip(replies, actions)):
         if action == "retry" and last_request is not None:
-            # the SDK resends the request it already sent: answered from the record, no new call
-            await client.chat.completions.create(model="p", messages=last_request, tools=TOOLS)
+            # the SDK resends the request it already sent, numbering the retry: answered from the record, no new call
+            await client.chat.completions.create(model="p", messages=last_request, tools=TOOLS,
+                                                 extra_headers={"X-Stainless-Retry-Count": "1"})
             continue
         if action == "compact" and len(messages) > 4:
             messages = [messages[0], {"role": "user", "content": f"summary {step}; continue"}]

@@ -1,0 +1,212 @@
+"""A write-ahead journal of live rollouts, so that a crash loses at most the turns in flight.
+
+Beside the record file `R` the server appends one JSON line per event to segments `R.journal.000001`, ...:
+`open` (a rollout began), `turn` (a committed turn: the branch's new prompt ids, sampled ids and logprobs, and the
+trace entry), `answer` (a submission) and `finish` (its record is on disk in `R`). Lines are written with one
+unbuffered `os.write` each, so they survive the process being killed (kill -9); they are not fsynced per turn, so
+a power cut can lose the last moments (finished records are fsynced by the recorder). A segment is deleted once
+every rollout with a line in it has finished; a new one starts past `segment_bytes`.
+
+`recover_journal(R)` reads the segments left by a server that did not shut down cleanly and rebuilds every
+rollout that was opened and not finished as a record with status `interrupted`: its completed turns' samples
+exactly as recorded, its trace and answer, and no reward. A torn last line (the write in flight at the crash) is
+skipped. The server writes those records to `R` at start-up and then removes the old segments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from .records import Failure, RolloutRecord, TurnRecord
+from .trajectory import BranchRecord, build_samples
+
+__all__ = ["Journal", "recover_journal", "journal_segments"]
+
+log = logging.getLogger("interceptor.journal")
+
+_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment is closed past this size, and deleted when its rollouts finished
+
+
+def journal_segments(record_path: Path) -> list[Path]:
+    """The journal segments beside `record_path`, oldest first."""
+    record_path = Path(record_path)
+    prefix = record_path.name + ".journal."
+    found = [p for p in record_path.parent.glob(prefix + "*") if p.name[len(prefix):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(prefix):]))
+
+
+class Journal:
+    def __init__(self, record_path: Path, *, segment_bytes: int = _SEGMENT_BYTES) -> None:
+        self._record_path = Path(record_path)
+        self._segment_bytes = segment_bytes
+        existing = journal_segments(self._record_path)
+        self._number = int(existing[-1].name.rsplit(".", 1)[1]) if existing else 0
+        self._fd = -1
+        self._size = 0
+        self._live_in: dict[int, set[str]] = {}  # segment number -> rollouts with a line in it, not finished
+        self._open_segment()
+
+    def _segment_path(self, number: int) -> Path:
+        return self._record_path.with_name(f"{self._record_path.name}.journal.{number:06d}")
+
+    def _open_segment(self) -> None:
+        self._number += 1
+        self._fd = os.open(self._segment_path(self._number), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._size = 0
+        self._live_in[self._number] = set()
+
+    def _write(self, rollout_id: str, event: dict) -> None:
+        line = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        os.write(self._fd, line)
+        self._size += len(line)
+        self._live_in[self._number].add(rollout_id)
+        if self._size > self._segment_bytes:
+            os.close(self._fd)
+            self._open_segment()
+            self._drop_finished_segments()
+
+    def opened(self, *, rollout_id: str, mode: str, metadata: dict, started_at: float) -> None:
+        self._write(rollout_id, {"e": "open", "id": rollout_id, "mode": mode, "metadata": metadata,
+                                 "started_at": started_at})
+
+    def turn(self, rollout_id: str, *, branch: dict, trace: dict, usage: tuple[int, int]) -> None:
+        self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": branch, "trace": trace, "usage": usage})
+
+    def trace(self, rollout_id: str, *, trace: dict, usage: tuple[int, int]) -> None:
+        """A black_box call: its trace entry only."""
+        self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": None, "trace": trace, "usage": usage})
+
+    def answered(self, rollout_id: str, answer: object) -> None:
+        self._write(rollout_id, {"e": "answer", "id": rollout_id, "answer": answer})
+
+    def finished(self, rollout_id: str) -> None:
+        os.write(self._fd, orjson.dumps({"e": "finish", "id": rollout_id}) + b"\n")
+        for live in self._live_in.values():
+            live.discard(rollout_id)
+        self._drop_finished_segments()
+
+    def _drop_finished_segments(self) -> None:
+        for number in [n for n, live in self._live_in.items() if not live and n != self._number]:
+            del self._live_in[number]
+            self._segment_path(number).unlink(missing_ok=True)
+
+    def close(self, *, remove: bool) -> None:
+        """Close the journal; `remove` deletes it (every rollout finished or was written as interrupted)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if remove:
+            for number in list(self._live_in):
+                self._segment_path(number).unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------------ recovery
+
+
+@dataclass
+class _Recovered:
+    rollout_id: str
+    mode: str
+    metadata: dict
+    started_at: float
+    branches: dict[int, BranchRecord] = field(default_factory=dict)
+    trace: list[dict] = field(default_factory=list)
+    answer: object = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    last_at: float = 0.0
+
+    def add_turn(self, branch: dict | None, trace: dict, usage: list[int]) -> None:
+        self.trace.append(trace)
+        self.prompt_tokens += usage[0]
+        self.completion_tokens += usage[1]
+        if branch is None:
+            return
+        number = branch["b"]
+        record = self.branches.get(number)
+        if record is None:
+            record = BranchRecord(
+                number=number, tools_digest=branch["tk"], system_digest=branch["sk"], fork_reason=branch["fr"]
+            )
+            origin = branch.get("o")
+            if origin is not None:
+                parent, length = self.branches[origin[0]], origin[1]
+                record.ids = array("i", parent.ids[:length])
+                record.mask = bytearray(parent.mask[:length])
+                record.logprobs = array("f", parent.logprobs[:length])
+                record.turns = [t for t in parent.turns if t.completion_end <= length]
+            self.branches[number] = record
+        prompt, sampled, logprobs = branch["p"], branch["t"], branch["l"]
+        record.ids.extend(prompt)
+        record.mask.extend(bytes(len(prompt)))
+        record.logprobs.extend(array("f", bytes(4 * len(prompt))))
+        record.ids.extend(sampled)
+        record.mask.extend(b"\x01" * len(sampled))
+        record.logprobs.extend(logprobs)
+        record.turns.append(TurnRecord(**branch["turn"]))
+
+    def to_record(self, reason: str) -> RolloutRecord:
+        return RolloutRecord(
+            rollout_id=self.rollout_id,
+            mode=self.mode,
+            status="interrupted",
+            samples=build_samples([self.branches[n] for n in sorted(self.branches)]),
+            trace=self.trace,
+            usage={"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                   "turns": len(self.trace)},
+            answer=self.answer,
+            reward=None,
+            failure=Failure(cause="interrupted", message=reason),
+            events=[{"kind": "recovered_from_journal", "at": round(time.time(), 3)}],
+            metadata=self.metadata,
+            started_at=self.started_at,
+            finished_at=time.time(),
+        )
+
+
+def _lines(path: Path) -> Iterator[dict]:
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if number == len(lines):  # no newline after it: the write in flight when the process died
+                log.warning("%s: skipped a torn last line (%d bytes)", path, len(line))
+            else:
+                log.warning("%s:%d: skipped a line that is not JSON", path, number)
+
+
+def recover_journal(record_path: Path) -> list[RolloutRecord]:
+    """Records (status `interrupted`) for every rollout the journal shows opened and not finished."""
+    live: dict[str, _Recovered] = {}
+    for segment in journal_segments(record_path):
+        for event in _lines(segment):
+            kind, rollout_id = event.get("e"), event.get("id")
+            if kind == "open":
+                live[rollout_id] = _Recovered(rollout_id=rollout_id, mode=event["mode"],
+                                              metadata=event.get("metadata") or {}, started_at=event["started_at"])
+            elif kind == "finish":
+                live.pop(rollout_id, None)
+            elif rollout_id in live:
+                rollout = live[rollout_id]
+                try:
+                    if kind == "turn":
+                        rollout.add_turn(event["branch"], event["trace"], event["usage"])
+                    elif kind == "answer":
+                        rollout.answer = event["answer"]
+                except (KeyError, TypeError, IndexError) as exc:
+                    log.warning("journal event of rollout %s not understood: %r", rollout_id, exc)
+    reason = "the server stopped before the rollout finished; its completed turns were recovered from the journal"
+    return [rollout.to_record(reason) for rollout in live.values()]
