@@ -20,23 +20,26 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-__all__ = ["DecodeBatch", "prefill"]
+__all__ = ["DecodeBatch", "next_token_logits", "prefill"]
 
 Row = TypeVar("Row")
 
 
-def prefill(
-    model: PreTrainedModel, prompt_ids: Sequence[int], *, all_logits: bool
-) -> tuple[torch.Tensor, DynamicCache]:
-    """Run a prompt alone; return its logits ([P, V] if `all_logits`, else the last position's [1, V]) and cache."""
+def prefill(model: PreTrainedModel, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
+    """Run a prompt alone through the decoder; return its last hidden states [1, P, H] and its KV cache.
+
+    Logits are the output embedding of a hidden state, as the causal LM computes them (`lm_head(hidden)` in Qwen,
+    Llama, Mistral; a model that scales or caps logits after its head is not served correctly): take them with
+    `next_token_logits`, or a chunk of positions at a time for prompt logprobs, so that the full [P, vocabulary]
+    logits never exist (7k positions x 151k tokens x 4 bytes = 4.3 GB per copy)."""
     cache = DynamicCache()
-    output = model(
-        input_ids=torch.tensor([list(prompt_ids)]),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=0 if all_logits else 1,
-    )
-    return output.logits[0], cache
+    output = model.get_decoder()(input_ids=torch.tensor([list(prompt_ids)]), past_key_values=cache, use_cache=True)
+    return output.last_hidden_state, cache
+
+
+def next_token_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The last position's logits [1, V] from `prefill`'s hidden states: what `model(..., logits_to_keep=1)` gives."""
+    return model.get_output_embeddings()(hidden[:, -1:, :])[0]
 
 
 class DecodeBatch(Generic[Row]):

@@ -24,6 +24,10 @@ class EngineConfig:
     threads: int = 1  # torch intra-op threads; one is fastest and steadiest for tiny models on 2 cores
     max_logprobs: int = 20  # vLLM's --max-logprobs default: the most top logprobs a request may ask for
     seed: int = 0  # seeds the generator of requests without their own seed (vLLM's --seed)
+    # Prompt positions whose full-vocabulary logits exist at once when computing prompt_logprobs: with Qwen's 151k
+    # vocabulary 256 positions make ~155 MB per [positions, vocabulary] tensor, where a 7k-token prompt at once
+    # took ~17 GB. Results do not depend on it, down to a few rows (a one-row product rounds differently).
+    prompt_logprobs_chunk: int = 256
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
@@ -41,6 +45,8 @@ class EngineConfig:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}")
+        if self.prompt_logprobs_chunk < 1:
+            raise ValueError(f"prompt_logprobs_chunk must be at least 1, got {self.prompt_logprobs_chunk}")
 
     @property
     def model_name(self) -> str:

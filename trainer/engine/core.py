@@ -46,6 +46,7 @@ class EngineCore:
             logprobs_mode=self.config.logprobs_mode,
             threads=self.config.threads,
             seed=self.config.seed,
+            prompt_logprobs_chunk=self.config.prompt_logprobs_chunk,
         )
         self._worker.start()
         return self

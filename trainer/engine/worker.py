@@ -29,11 +29,11 @@ from typing import Literal
 
 import torch
 
-from .batch import DecodeBatch, prefill
+from .batch import DecodeBatch, next_token_logits, prefill
 from .config import LogprobsMode
 from .errors import EngineError, EngineStopped, GenerationFailed
 from .generation import Finish, GenerationStream, PromptLogprobs, TokenUpdate
-from .logprobs import TokenLogprob, gather_logprobs
+from .logprobs import TokenLogprob, gather_logprobs, prompt_logprobs
 from .model import PolicyModel, apply_weights
 from .sampling import RowSampling, sample_next
 
@@ -95,6 +95,7 @@ class Worker:
         logprobs_mode: LogprobsMode,
         threads: int,
         seed: int,
+        prompt_logprobs_chunk: int,
     ) -> None:
         self._policy = policy
         self._loop = loop
@@ -102,6 +103,7 @@ class Worker:
         self._max_batch_size = max_batch_size
         self._logprobs_mode = logprobs_mode
         self._threads = threads
+        self._prompt_logprobs_chunk = prompt_logprobs_chunk
         self._shared_generator = torch.Generator().manual_seed(seed)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
@@ -251,13 +253,15 @@ class Worker:
 
     def _prefill(self, seq: _Sequence) -> None:
         request = seq.stream.request
-        wants_prompt_logprobs = request.params.prompt_logprobs is not None
-        logits, cache = prefill(self._policy.model, request.prompt_ids, all_logits=wants_prompt_logprobs)
-        if wants_prompt_logprobs:
-            prompt_lp = logits[:-1].float().log_softmax(dim=-1)
-            entries = gather_logprobs(prompt_lp, torch.tensor(request.prompt_ids[1:]), request.params.prompt_logprobs)
+        model = self._policy.model
+        hidden, cache = prefill(model, request.prompt_ids)
+        if request.params.prompt_logprobs is not None:
+            entries = prompt_logprobs(
+                model.get_output_embeddings(), hidden[0, :-1], torch.tensor(request.prompt_ids[1:]),
+                request.params.prompt_logprobs, chunk=self._prompt_logprobs_chunk,
+            )
             self._outbox.append((seq.stream, PromptLogprobs((None, *entries))))
-        if not self._sample([seq], logits[-1:]):
+        if not self._sample([seq], next_token_logits(model, hidden)):
             self._batch.add(seq, cache, len(request.prompt_ids))
 
     def _decode(self) -> None:
