@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from .admin import add_admin_routes
 from .config import SamplingSettings, ServerConfig
@@ -89,6 +90,8 @@ async def _errors_middleware(request: web.Request, handler) -> web.StreamRespons
     except ApiError as exc:
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
         return _json(error_body(exc), status=exc.status, headers=headers)
+    except RequestPayloadError as exc:  # a body that cannot be read: bad chunking, a content-encoding that fails
+        return _json(error_body(BadRequest(f"the request body could not be read: {exc}"[:500])), status=400)
     except web.HTTPRequestEntityTooLarge as exc:
         return _json(error_body(PayloadTooLarge(f"request body too large: {exc.text}")), status=413)
     except web.HTTPException as exc:  # router-level 404/405
