@@ -32,18 +32,18 @@ def ensure_local_model(
 ) -> Path:
     """The model directory `--upstream local` serves, given `--model DIR`:
 
-    - a finished tool-calling model built here: kept as it is (whatever spec and steps it was built with);
-    - a model of the user's own (a `config.json` and no interceptor marker): served as it is;
-    - absent, empty, or a model built here that is not the trained one (a random tiny model, or a build from an
-      older version whose marker does not record that its training finished): the trained model is built there,
-      replacing it;
-    - anything else (a non-empty directory that is no model) raises `ModelDirError`, untouched."""
+    - a finished model built here, of any kind (a random tiny model is what the CPU GRPO example trains), or a
+      model of the user's own (a `config.json` and no interceptor marker): served as it is;
+    - absent or empty: the trained default is built there (all or nothing: a build killed half-way never lands);
+    - anything else (a non-empty directory that is no model) raises `ModelDirError`, untouched.
+    `make-tiny-model DIR --tool-calling` is the way to replace a random model with the trained one."""
     model_dir = Path(model_dir)
     built = read_built_model(model_dir)
+    if built is not None and built.kind in ("random", "tool-calling"):
+        return model_dir
     if built is None and (model_dir / "config.json").is_file():
         return model_dir
-    if built is None or built.kind != "tool-calling":
-        make_local_model(model_dir, spec=spec, training=training)
+    make_local_model(model_dir, spec=spec, training=training)
     return model_dir
 
 

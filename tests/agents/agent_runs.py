@@ -65,6 +65,7 @@ async def interception_server(
         model_dir=model_dir,
         max_model_len=MAX_MODEL_LEN,
         keepalive_s=keepalive_s,
+        stream_hold_s=keepalive_s,  # headers go out after one keepalive period, so slow turns exercise comments
     )
     async with InterceptionServer(config) as server:
         yield server

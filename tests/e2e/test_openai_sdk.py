@@ -104,7 +104,8 @@ async def test_tool_calls_accumulate_from_stream_deltas(scripted, tiny_model_dir
 async def test_openai_sdk_streams_through_keepalive_comments(scripted, tiny_model_dir):
     from tests.fakes import Slow
 
-    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir, keepalive_s=0.2)
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir, keepalive_s=0.2,
+                          stream_hold_s=0.2)
     scripted.script(Slow("after a long think", delay_s=1.0))
     async with InterceptionServer(config) as server:
         handle = server.open_rollout()

@@ -60,12 +60,15 @@ def test_tool_calling_over_a_random_model_trains_it_and_says_so(tmp_path, capsys
     assert "already holds the tiny model trained to call tools (1 steps): kept" in capsys.readouterr().out
 
 
-def test_a_random_model_is_replaced_by_the_trained_one_not_served(tmp_path):
+def test_a_random_model_given_to_serve_is_served_as_it_is_and_replaced_only_on_request(tmp_path):
     out = make_tiny_model(tmp_path / "model", SMALL)
     random_weights = _weights(out)
 
-    assert ensure_local_model(out, spec=SMALL, training=FEW_STEPS) == out
+    assert ensure_local_model(out, spec=SMALL, training=FEW_STEPS) == out  # the CPU GRPO example trains it
+    assert read_built_model(out).kind == "random"
+    assert all(tensor.equal(random_weights[name]) for name, tensor in _weights(out).items())
 
+    make_local_model(out, spec=SMALL, training=FEW_STEPS)  # what make-tiny-model --tool-calling does
     built = read_built_model(out)
     assert built.kind == "tool-calling" and built.training["spec"] == FEW_STEPS.to_json()
     trained = _weights(out)
