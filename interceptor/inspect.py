@@ -72,7 +72,10 @@ def show_rollout(record: RolloutRecord, decode: Callable[[list[int]], str] | Non
 
 
 def run_inspect_from_args(args: argparse.Namespace) -> int:
-    records = list(read_records(args.file))
+    def torn(line: int, size: int) -> None:
+        print(f"note: line {line} of {args.file} is a torn write ({size} bytes, never acknowledged): skipped")
+
+    records = list(read_records(args.file, on_torn=torn))
     if not args.rollout:
         for key, value in summarise(records).items():
             print(f"{key:>16}: {value}")
