@@ -177,15 +177,18 @@ class InterceptionServer:
 
     async def _close_records(self) -> None:
         reason = "the server shut down before the rollout finished"
-        for rollout in list(self.registry.live()):
+        complete = True
+        for rollout in self.registry.live():
+            if rollout.finishing:  # a driver is writing its record right now; the journal keeps it meanwhile
+                complete = False
+                continue
             try:
                 await self.finish_rollout(rollout.id, status="interrupted",
                                           failure=Failure(cause="interrupted", message=reason))
             except Exception:  # one rollout's record must not stop the others'; it stays in the journal
                 log.exception("could not write rollout %s at shutdown; it stays in the journal", rollout.id)
-                self._journal.close(remove=False)
-                return
-        self._journal.close(remove=True)
+                complete = False
+        self._journal.close(remove=complete)
 
     def _journal_turn(self, rollout: Rollout, delta: dict, entry: dict) -> None:
         if self._journal is not None:

@@ -139,9 +139,9 @@ class UpstreamClient:
                             last_failure = f"{resp.status}: {text[:_ERROR_TEXT_KEPT]}"
                             raise _Retryable(f"answered {last_failure}")
                         if not passthrough:
-                            await resp.read()  # inside the retried block: a reset mid-body is retried
+                            raw = await resp.read()  # inside the retried block: a reset mid-body is retried
                             if resp.status >= 400:
-                                raise _client_error(resp.status, resp._body or b"")
+                                raise _client_error(resp.status, raw)
                     except BaseException:
                         resp.release()
                         raise
@@ -163,7 +163,7 @@ class UpstreamClient:
     async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget) -> object:
         data = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # prompt ids may be a numpy array
         async with self._send("POST", path, data=data, budget=budget) as resp:
-            raw = resp._body or b""
+            raw = await resp.read()  # already read inside the retried block: this returns it
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -173,7 +173,7 @@ class UpstreamClient:
 
     async def models(self) -> list[dict]:
         async with self._send("GET", "/v1/models", data=None, budget=self.new_budget()) as resp:
-            raw = resp._body or b""
+            raw = await resp.read()
         try:
             data = orjson.loads(raw)["data"]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
