@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from .errors import BadRequest, ContextLengthExceeded, UpstreamError
 from .parsing import parse_output
-from .protocol import ChatRequest, assistant_message, finish_reason_for, new_tool_call_id, token_logprobs
+from .protocol import ChatRequest
+from .replies import assistant_message, finish_reason_for, new_tool_call_id, token_logprobs
 from .records import Generation
 from .rendering import Renderer
 from .rollouts import Rollout, TurnResult

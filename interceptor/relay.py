@@ -15,7 +15,8 @@ from aiohttp import web
 
 from .errors import UpstreamError, UpstreamUnavailable, error_body
 from .journal import Journal
-from .protocol import SSE_DONE, ChatRequest, encode_sse
+from .protocol import ChatRequest
+from .replies import SSE_DONE, encode_sse
 from .rollouts import Rollout
 from .streaming import SSE_HEADERS
 from .trajectory import message_key

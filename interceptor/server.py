@@ -35,15 +35,8 @@ from .config import SamplingSettings, ServerConfig
 from .errors import ApiError, BadRequest, ConfigError, Conflict, NotFound, PayloadTooLarge, error_body
 from .gate import HEAVY_REQUEST_BYTES, Policy, run_turn
 from .journal import Journal, journal_segments, recover_journal
-from .protocol import (
-    ChatRequest,
-    Usage,
-    chat_completion,
-    ensure_serialisable,
-    new_completion_id,
-    parse_chat_request,
-    parse_json_body,
-)
+from .protocol import ChatRequest, ensure_serialisable, parse_chat_request, parse_json_body
+from .replies import Usage, chat_completion, new_completion_id
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .relay import relay_chat

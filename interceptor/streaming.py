@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from .errors import ApiError, error_body
-from .protocol import SSE_DONE, Usage, chat_chunks, encode_sse
+from .replies import SSE_DONE, Usage, chat_chunks, encode_sse
 from .rollouts import TurnResult
 
 __all__ = ["stream_turn", "SSE_HEADERS"]

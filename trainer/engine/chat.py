@@ -19,9 +19,9 @@ from aiohttp import web
 from jinja2 import TemplateError
 
 from interceptor.parsing import parse_output
-from interceptor.protocol import (
+from interceptor.protocol import ChatRequest, parse_chat_request, parse_json_body
+from interceptor.replies import (
     SSE_DONE,
-    ChatRequest,
     Usage,
     assistant_message,
     chat_chunks,
@@ -30,8 +30,6 @@ from interceptor.protocol import (
     finish_reason_for,
     new_completion_id,
     new_tool_call_id,
-    parse_chat_request,
-    parse_json_body,
 )
 
 from .checks import build_sampling_params, check_context_length, check_model
@@ -48,6 +46,7 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
     core = request.app[CORE]
     chat = parse_chat_request(parse_json_body(await request.read()))
     check_model(chat.model, core.config.model_name)
+    _refuse_unhonoured(chat)
     prompt_ids = _render(core, chat)
     max_tokens = check_context_length(len(prompt_ids), chat.max_tokens, core.max_model_len)
     params = _sampling(core, chat, max_tokens=max_tokens)
@@ -122,6 +121,15 @@ def _sampling(core: EngineCore, chat: ChatRequest, *, max_tokens: int) -> Sampli
         min_tokens=0,
         logit_bias=(),
     )
+
+
+def _refuse_unhonoured(chat: ChatRequest) -> None:
+    """This debugging chat route does not implement every option the interception server honours: refuse them."""
+    for param, honoured in (("logprobs", not chat.logprobs), ("tool_choice", chat.tool_choice == "auto"),
+                            ("parallel_tool_calls", chat.parallel_tool_calls)):
+        if not honoured:
+            raise InvalidRequest(f"{param} is not supported by the engine's chat route; the interception server "
+                                 "honours it", param=param)
 
 
 def _message(request: web.Request, chat: ChatRequest, result: GenerationResult) -> tuple[dict, str]:
