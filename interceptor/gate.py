@@ -30,7 +30,7 @@ from .upstream import UpstreamClient
 __all__ = ["Policy", "run_turn", "HEAVY_REQUEST_BYTES"]
 
 # A request body larger than this is planned (rendered and tokenized) in a worker thread, off the event loop.
-HEAVY_REQUEST_BYTES = 256 * 1024
+HEAVY_REQUEST_BYTES = 64 * 1024
 
 JournalTurn = Callable[[Rollout, dict, dict], None]  # (rollout, branch delta, trace entry)
 

@@ -161,12 +161,19 @@ def _tools_key(tools: list[dict] | None) -> bytes:
         raise BadRequest(f"tools cannot be serialised: {exc}", param="tools") from exc
 
 
+_RECORD_NESTING = 4  # levels a stored value sits below the top of a record or journal line, with room to spare
+
+
 def ensure_serialisable(value: object, param: str) -> None:
-    """A `BadRequest` for JSON that parsed but cannot be written back (nested past orjson's depth limit)."""
+    """A `BadRequest` for JSON that parsed but cannot be written back where it will be stored (nested past
+    orjson's depth limit once inside a record)."""
+    wrapped = value
+    for _ in range(_RECORD_NESTING):
+        wrapped = [wrapped]
     try:
-        orjson.dumps(value)
+        orjson.dumps(wrapped)
     except orjson.JSONEncodeError as exc:
-        raise BadRequest(f"{param} cannot be recorded: {exc}", param=param) from exc
+        raise BadRequest(f"{param} is nested too deeply to be recorded: {exc}", param=param) from exc
 
 
 def normalize_messages(messages: object) -> list[dict]:
