@@ -71,7 +71,7 @@ async def run_turn(
     `sdk_retry` is the client's word that this is a retry; `heavy` plans it off the event loop."""
     trajectory = rollout.trajectory
     assert trajectory is not None, "run_turn is for interception_gate rollouts"
-    attempts = rollout.attempts_for(fingerprint, policy.upstream.new_budget)
+    attempts = rollout.attempts_for(fingerprint, policy.upstream.new_budget, sdk_retry=sdk_retry)
     if attempts.answers_retry(sdk_retry=sdk_retry):
         rollout.note("retry_answered_from_record")
         return await asyncio.shield(attempts.future)

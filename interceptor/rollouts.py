@@ -54,6 +54,11 @@ class Attempts:
     future: asyncio.Future | None = None
     delivered: bool = False
 
+    @property
+    def succeeded(self) -> bool:
+        future = self.future
+        return future is not None and future.done() and not future.cancelled() and future.exception() is None
+
     def answers_retry(self, *, sdk_retry: bool) -> bool:
         """Whether a try with the same body is answered from this one instead of being generated anew."""
         future = self.future
@@ -104,8 +109,13 @@ class Rollout:
     last_activity: float = field(default_factory=time.monotonic)  # for idle watchdogs: the last authorised request
     in_flight: int = 0  # chat calls being answered now (a slow CPU generation is not an idle agent)
 
-    def attempts_for(self, fingerprint: int, new_budget) -> Attempts:
+    def attempts_for(self, fingerprint: int, new_budget, *, sdk_retry: bool) -> Attempts:
+        """The tries of the turn this request belongs to: the earlier ones' when it retries them, else a new
+        turn's (a deliberate repeat of a turn that succeeded is a new turn, with a budget of its own)."""
         attempts = self.attempts.get(fingerprint)
+        if attempts is not None and attempts.succeeded and not attempts.answers_retry(sdk_retry=sdk_retry):
+            del self.attempts[fingerprint]
+            attempts = None
         if attempts is None:
             attempts = self.attempts[fingerprint] = Attempts(budget=new_budget())
             while len(self.attempts) > _REPLAYS_KEPT:

@@ -180,3 +180,10 @@ async def test_the_journal_rebuilds_a_live_rollout_exactly(rollout, scripted, se
     assert recovered.failure.cause == "interrupted"
     assert recovered.samples == record.samples
     assert recovered.trace == record.trace and recovered.forks == record.forks
+
+
+async def test_deliberate_repeats_each_get_their_own_upstream_budget(rollout, scripted, server):
+    handle, client = rollout
+    for _ in range(server.config.upstream.attempts + 2):
+        await client.chat.completions.create(model="p", messages=USER)
+    assert len(scripted.calls) == server.config.upstream.attempts + 2
