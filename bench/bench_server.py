@@ -114,7 +114,7 @@ async def latency(server: InterceptionServer, upstream: InstantUpstream, http: a
 
 
 def _recorded(server: InterceptionServer, rollout_id: str) -> int:
-    trajectory = server.rollout(rollout_id).trajectory
+    trajectory = server.registry.get(rollout_id).trajectory  # the live rollout, not the driver view
     return trajectory.recorded_tokens() if trajectory else 0
 
 
@@ -153,8 +153,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     filler = tokenizer.encode(" the", add_special_tokens=False)[0]
     results: dict = {}
     async with InstantUpstream(filler, tokenizer.eos_token_id, max_model_len=200_000) as upstream:
+        # Recording as training does: every turn goes to the write-ahead journal beside the record file.
         config = ServerConfig(upstream=UpstreamConfig(base_url=upstream.url), model_dir=Path(model),
-                              default_max_tokens=16)
+                              default_max_tokens=16, record_path=Path(tempfile.mkdtemp()) / "rollouts.jsonl")
         async with InterceptionServer(config) as server, aiohttp.ClientSession() as http:
             for history in (1_000, 32_000):
                 results[f"latency_{history // 1000}k"] = await latency(server, upstream, http, history, args.turns)

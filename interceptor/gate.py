@@ -27,10 +27,12 @@ from .rollouts import Rollout, TurnResult
 from .trajectory import TurnPlan
 from .upstream import UpstreamClient
 
-__all__ = ["Policy", "run_turn", "HEAVY_REQUEST_BYTES"]
+__all__ = ["HEAVY_REQUEST_BYTES", "PARSE_OFF_LOOP_BYTES", "Policy", "run_turn"]
 
-# A request body larger than this is planned (rendered and tokenized) in a worker thread, off the event loop.
+# A request larger than this that forks (renders the whole conversation) is rendered in a worker thread; one
+# larger than PARSE_OFF_LOOP_BYTES is also parsed there. Extending a branch renders only the new messages.
 HEAVY_REQUEST_BYTES = 64 * 1024
+PARSE_OFF_LOOP_BYTES = 1024 * 1024
 
 JournalTurn = Callable[[Rollout, dict, dict], None]  # (rollout, branch delta, trace entry)
 
@@ -68,7 +70,7 @@ async def run_turn(
     policy: Policy, rollout: Rollout, request: ChatRequest, *, fingerprint: int, sdk_retry: bool, heavy: bool
 ) -> TurnResult:
     """One turn. `fingerprint` identifies the request (a hash of its body: retries resend the same body);
-    `sdk_retry` is the client's word that this is a retry; `heavy` plans it off the event loop."""
+    `sdk_retry` is the client's word that this is a retry; `heavy` renders a fork off the event loop."""
     trajectory = rollout.trajectory
     assert trajectory is not None, "run_turn is for interception_gate rollouts"
     attempts = rollout.attempts_for(fingerprint, policy.upstream.new_budget, sdk_retry=sdk_retry)
@@ -78,10 +80,13 @@ async def run_turn(
 
     stop_ids = _stop_ids(policy.renderer, request)
     async with rollout.lock:
-        if heavy:
-            plan = await asyncio.to_thread(trajectory.plan, request.messages, request.tools, request.tools_key)
-        else:
-            plan = trajectory.plan(request.messages, request.tools, request.tools_key)
+        plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key)
+        if plan is None:  # a fork renders the whole conversation: a long one is rendered off the event loop
+            render = policy.renderer.render_full
+            prompt = await asyncio.to_thread(render, request.messages, request.tools) if heavy else render(
+                request.messages, request.tools
+            )
+            plan = trajectory.fork(request.messages, request.tools_key, prompt, reason=reason)
     wanted = rollout.sampling.max_tokens or request.max_tokens
     prompt_len = len(plan.prompt_ids)
     room = policy.max_model_len - prompt_len

@@ -33,7 +33,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from .admin import add_admin_routes
 from .config import SamplingSettings, ServerConfig
 from .errors import ApiError, BadRequest, ConfigError, Conflict, NotFound, PayloadTooLarge, error_body
-from .gate import HEAVY_REQUEST_BYTES, Policy, run_turn
+from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
 from .journal import Journal, journal_segments, recover_journal
 from .protocol import ChatRequest, ensure_serialisable, parse_chat_request, parse_json_body
 from .replies import Usage, chat_completion, new_completion_id
@@ -328,8 +328,8 @@ class InterceptionServer:
 
     async def _answer_chat(self, request: web.Request, rollout: Rollout) -> web.StreamResponse:
         raw = await request.read()
-        heavy = len(raw) > HEAVY_REQUEST_BYTES  # parsed and planned in a worker thread: other rollouts go on
-        body, chat = await asyncio.to_thread(_parse_chat, raw) if heavy else _parse_chat(raw)
+        heavy = len(raw) > HEAVY_REQUEST_BYTES  # its work goes to a worker thread, so other rollouts go on
+        body, chat = await asyncio.to_thread(_parse_chat, raw) if len(raw) > PARSE_OFF_LOOP_BYTES else _parse_chat(raw)
         if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
             rollout.ignored_noted.update(chat.ignored)
             rollout.note("ignored_request_fields", fields=list(chat.ignored))

@@ -165,6 +165,14 @@ class Trajectory:
         """Reserve the next turn for these messages: extend the branch they continue, or fork. `tkey` is
         `tools_key(tools)` when the caller has it already."""
         tkey = tools_key(tools) if tkey is None else tkey
+        plan, reason = self.extend(messages, tools, tkey)
+        if plan is not None:
+            return plan
+        return self.fork(messages, tkey, self._renderer.render_full(messages, tools), reason=reason)
+
+    def extend(self, messages: list[dict], tools: list[dict] | None, tkey: bytes) -> tuple[TurnPlan | None, str | None]:
+        """Reserve the next turn on the branch these messages continue (rendering only the new messages), or
+        (None, why not) when none does: then the caller renders the whole conversation and calls `fork`."""
         system = messages[0] if messages[0]["role"] == "system" else None
         reason = None
         for branch in reversed(self._branches):
@@ -198,8 +206,12 @@ class Trajectory:
                 new_prompt_ids=suffix,
                 request_messages=messages,
                 forked=forked,
-            )
-        prompt = self._renderer.render_full(messages, tools)
+            ), None
+        return None, reason
+
+    def fork(self, messages: list[dict], tkey: bytes, prompt: list[int], *, reason: str | None) -> TurnPlan:
+        """Reserve the next turn on a new branch whose prompt is `prompt`, the full render of `messages`."""
+        system = messages[0] if messages[0]["role"] == "system" else None
         branch = _Branch(
             number=self._number(),
             tools_digest=_digest(tkey),
