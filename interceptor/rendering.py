@@ -69,7 +69,7 @@ class Renderer:
             "bos_token": tokenizer.bos_token or "",
             "eos_token": tokenizer.eos_token or "",
         }
-
+        # Ids the model may sample: its embedding can be larger than the tokenizer (padded vocabularies).
         self.vocab_size: int = max(len(tokenizer), _model_vocab_size(Path(config.model_dir)))
         self._single_ids: dict[str, int | None] = {}
 
