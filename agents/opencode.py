@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .errors import AgentConfigError
 from .packages import OPENCODE, find_binary
 from .spec import AgentLaunch, AgentRollout, check_provider, write_private_json
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .errors import AgentConfigError
 from .packages import PI, find_binary
 from .spec import AgentLaunch, AgentRollout, check_provider, write_private_json
 

@@ -17,11 +17,10 @@ import hmac
 import math
 from typing import TYPE_CHECKING
 
-import orjson
 from aiohttp import web
 
 from .config import SamplingSettings
-from .errors import BadRequest, ConfigError, NotFound, Unauthorized
+from .errors import BadRequest, ConfigError, NotFound, Unauthorized, json_response
 from .protocol import ensure_serialisable, parse_json_body
 from .records import Failure
 
@@ -62,7 +61,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
         except (ConfigError, TypeError) as exc:
             raise BadRequest(f"sampling: {exc}"[:500], param="sampling") from exc
         handle = server.open_rollout(sampling=sampling, metadata=metadata)
-        return _json(
+        return json_response(
             {"id": handle.id, "base_url": handle.base_url, "secret": handle.secret, "tools_secret": handle.tools_secret},
             status=201,
         )
@@ -72,10 +71,10 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
         rollout_id = request.match_info["rid"]
         finished = server.registry.finished_status(rollout_id)
         if finished is not None:
-            return _json({"id": rollout_id, "status": finished, "finished": True})
+            return json_response({"id": rollout_id, "status": finished, "finished": True})
         rollout = server.registry.get(rollout_id)
         failure = rollout.failure
-        return _json(
+        return json_response(
             {
                 "id": rollout.id,
                 "status": rollout.status,
@@ -118,7 +117,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
             reward=_reward(body.get("reward")),
             accept_upstream_failures=accept,
         )
-        return _json(record.to_json_dict())
+        return json_response(record.to_json_dict())
 
     app.router.add_post("/rollouts", open_rollout)
     app.router.add_get("/rollouts/{rid}", show_rollout)
@@ -131,7 +130,3 @@ def _reward(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise BadRequest("reward must be a finite number", param="reward")
     return float(value)
-
-
-def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")

@@ -1,14 +1,20 @@
 """Error types of the interceptor, and the one place they become HTTP responses.
 
 Every error a client can cause is an `ApiError` subclass with its HTTP status and OpenAI error `type`/`code`.
-`error_body` renders the OpenAI shape `{"error": {"message", "type", "param", "code"}}`; the server's middleware
-is the only caller that turns exceptions into responses.
+`error_body` renders the OpenAI shape `{"error": {"message", "type", "param", "code"}}`; `errors_middleware`,
+installed on the server's app, is the one place exceptions become responses.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 from typing import ClassVar
+
+import orjson
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 __all__ = [
     "ApiError",
@@ -23,7 +29,11 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "error_body",
+    "errors_middleware",
+    "json_response",
 ]
+
+log = logging.getLogger("interceptor.server")
 
 
 class ConfigError(ValueError):
@@ -102,3 +112,33 @@ def error_body(error: ApiError) -> dict:
             "code": error.code,
         }
     }
+
+
+def json_response(data: object, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """The one place errors become responses."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        return json_response(error_body(exc), status=exc.status, headers=headers)
+    except RequestPayloadError as exc:  # a body that cannot be read: bad chunking, a content-encoding that fails
+        return json_response(error_body(BadRequest(f"the request body could not be read: {exc}"[:500])), status=400)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return json_response(error_body(PayloadTooLarge(f"request body too large: {exc.text}")), status=413)
+    except web.HTTPException as exc:  # router-level 404/405
+        if exc.status < 400:
+            raise
+        error = NotFound(f"{request.method} {request.path} is not an endpoint here")
+        if exc.status != 404:
+            error = BadRequest(f"{request.method} is not allowed on {request.path}")
+        return json_response(error_body(error), status=exc.status)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:  # the top-level capture point: a defect, logged with its traceback, answered in shape
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response(error_body(ApiError("internal error; the server log has the details")), status=500)

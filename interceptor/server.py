@@ -26,13 +26,11 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import orjson
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from .admin import add_admin_routes
 from .config import SamplingSettings, ServerConfig
-from .errors import ApiError, BadRequest, ConfigError, Conflict, NotFound, PayloadTooLarge, error_body
+from .errors import ConfigError, Conflict, NotFound, errors_middleware, json_response
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
 from .journal import Journal, journal_segments, recover_journal
 from .protocol import ChatRequest, ensure_serialisable, parse_chat_request, parse_json_body
@@ -71,36 +69,6 @@ async def _answer_tool(rollout: Rollout, body: dict) -> dict:
     return {"ok": True, "message": "answer recorded"}
 
 
-def _json(data: object, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
-
-
-@web.middleware
-async def _errors_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """The one place errors become responses."""
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
-        return _json(error_body(exc), status=exc.status, headers=headers)
-    except RequestPayloadError as exc:  # a body that cannot be read: bad chunking, a content-encoding that fails
-        return _json(error_body(BadRequest(f"the request body could not be read: {exc}"[:500])), status=400)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _json(error_body(PayloadTooLarge(f"request body too large: {exc.text}")), status=413)
-    except web.HTTPException as exc:  # router-level 404/405
-        if exc.status < 400:
-            raise
-        error = NotFound(f"{request.method} {request.path} is not an endpoint here")
-        if exc.status != 404:
-            error = BadRequest(f"{request.method} is not allowed on {request.path}")
-        return _json(error_body(error), status=exc.status)
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
-    except Exception:  # the top-level capture point: a defect, logged with its traceback, answered in shape
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _json(error_body(ApiError("internal error; the server log has the details")), status=500)
-
-
 class InterceptionServer:
     def __init__(self, config: ServerConfig, *, host_tools: dict[str, HostTool] | None = None) -> None:
         self.config = config
@@ -133,7 +101,7 @@ class InterceptionServer:
         if self.config.mode == "interception_gate":
             self.policy = await self._load_policy()
             self.policy.journal_turn = self._journal_turn
-        app = web.Application(middlewares=[_errors_middleware], client_max_size=self.config.max_body_bytes)
+        app = web.Application(middlewares=[errors_middleware], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
         add_admin_routes(app, self)
         app.router.add_post("/rollout/{rid}/v1/chat/completions", self._chat)
@@ -312,7 +280,7 @@ class InterceptionServer:
     # -------------------------------------------------------------------------------------- handlers
 
     async def _health(self, request: web.Request) -> web.Response:
-        return _json({"status": "ok", "mode": self.config.mode, "live_rollouts": len(self.registry)})
+        return json_response({"status": "ok", "mode": self.config.mode, "live_rollouts": len(self.registry)})
 
     def _authorize(self, request: web.Request, *, tools: bool = False) -> Rollout:
         return self.registry.authorize(request.match_info["rid"], request.headers.get("Authorization"), tools=tools)
@@ -359,7 +327,7 @@ class InterceptionServer:
                 on_delivered=delivered,
             )
         result = await turn
-        response = _json(
+        response = json_response(
             chat_completion(
                 completion_id=completion_id,
                 model=model,
@@ -379,7 +347,7 @@ class InterceptionServer:
         model = {"id": self.config.served_model_name, "object": "model", "owned_by": "interceptor"}
         if self.policy is not None:
             model["max_model_len"] = self.policy.max_model_len
-        return _json({"object": "list", "data": [model]})
+        return json_response({"object": "list", "data": [model]})
 
     async def _tool(self, request: web.Request) -> web.Response:
         rollout = self._authorize(request, tools=True)
@@ -394,7 +362,7 @@ class InterceptionServer:
         answer = await tool(rollout, body)
         if name == "answer" and self._journal is not None:
             self._journal.answered(rollout.id, rollout.answer)
-        return _json(answer)
+        return json_response(answer)
 
 
 def _parse_chat(raw: bytes) -> tuple[dict, ChatRequest]:

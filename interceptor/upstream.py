@@ -15,7 +15,6 @@ never a zero. URLs in messages have their credentials removed.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
