@@ -70,43 +70,25 @@ async def run_turn(
     policy: Policy, rollout: Rollout, request: ChatRequest, *, fingerprint: int, sdk_retry: bool, heavy: bool
 ) -> TurnResult:
     """One turn. `fingerprint` identifies the request (a hash of its body: retries resend the same body);
-    `sdk_retry` is the client's word that this is a retry; `heavy` renders a fork off the event loop."""
-    trajectory = rollout.trajectory
-    assert trajectory is not None, "run_turn is for interception_gate rollouts"
+    `sdk_retry` is the client's word that this is a retry; `heavy` (a body over HEAVY_REQUEST_BYTES) renders a
+    fork off the event loop."""
+    assert rollout.trajectory is not None, "run_turn is for interception_gate rollouts"
     attempts = rollout.attempts_for(fingerprint, policy.upstream.new_budget, sdk_retry=sdk_retry)
     if attempts.answers_retry(sdk_retry=sdk_retry):
         rollout.note("retry_answered_from_record")
         return await asyncio.shield(attempts.future)
 
-    stop_ids = _stop_ids(policy.renderer, request)
-    async with rollout.lock:
-        plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key)
-        if plan is None:  # a fork renders the whole conversation: a long one is rendered off the event loop
-            render = policy.renderer.render_full
-            prompt = await asyncio.to_thread(render, request.messages, request.tools) if heavy else render(
-                request.messages, request.tools
-            )
-            plan = trajectory.fork(request.messages, request.tools_key, prompt, reason=reason)
-    wanted = rollout.sampling.max_tokens or request.max_tokens
-    prompt_len = len(plan.prompt_ids)
-    room = policy.max_model_len - prompt_len
-    if room < 1 or (wanted is not None and wanted > room):
-        _release(rollout, plan)
-        rollout.note("context_length_exceeded", prompt_tokens=prompt_len, max_tokens=wanted)
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {policy.max_model_len} tokens. However, you requested "
-            f"{prompt_len + (wanted or 0)} tokens ({prompt_len} in the messages, {wanted or 0} in the "
-            "completion). Please reduce the length of the messages or completion.",
-            param="messages",
-        )
-    sampling = _sampling(rollout, request, max_tokens=wanted or min(policy.default_max_tokens, room))
-    if stop_ids:
-        sampling["stop_token_ids"] = stop_ids
-
+    # The answer-to-be is registered before any await, so a retry that arrives meanwhile waits for it.
     future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
     future.add_done_callback(_consume_exception)
     attempts.future, attempts.delivered = future, False
     try:
+        plan = await _plan(policy, rollout, request, heavy=heavy)
+    except BaseException as exc:
+        _settle(future, exc)
+        raise
+    try:
+        sampling = _checked_sampling(policy, rollout, request, plan)
         await policy.ready.wait()  # agents wait, they do not fail, while weights change
         generation = await policy.upstream.complete(
             model=policy.upstream_model,
@@ -123,14 +105,53 @@ async def run_turn(
         if isinstance(exc, UpstreamError):
             rollout.upstream_failed(exc.message)
             rollout.note("upstream_error", status=exc.status, message=exc.message)
-        if isinstance(exc, Exception):
-            future.set_exception(exc)
-        else:
-            future.cancel()
+        _settle(future, exc)
         raise
     rollout.trailing_upstream_failures = 0
     future.set_result(result)
     return result
+
+
+async def _plan(policy: Policy, rollout: Rollout, request: ChatRequest, *, heavy: bool) -> TurnPlan:
+    """Reserve the turn: extend the branch the messages continue, or fork (a whole render, off the event loop
+    for a large request). The trajectory changes only under the rollout's lock."""
+    trajectory = rollout.trajectory
+    async with rollout.lock:
+        plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key)
+        if plan is None:
+            render = policy.renderer.render_full
+            prompt = await asyncio.to_thread(render, request.messages, request.tools) if heavy else render(
+                request.messages, request.tools
+            )
+            plan = trajectory.fork(request.messages, request.tools_key, prompt, reason=reason)
+    return plan
+
+
+def _checked_sampling(policy: Policy, rollout: Rollout, request: ChatRequest, plan: TurnPlan) -> dict:
+    """The upstream's sampling fields, or `ContextLengthExceeded` when the prompt leaves no room."""
+    wanted = rollout.sampling.max_tokens or request.max_tokens
+    prompt_len = len(plan.prompt_ids)
+    room = policy.max_model_len - prompt_len
+    if room < 1 or (wanted is not None and wanted > room):
+        rollout.note("context_length_exceeded", prompt_tokens=prompt_len, max_tokens=wanted)
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {policy.max_model_len} tokens. However, you requested "
+            f"{prompt_len + (wanted or 0)} tokens ({prompt_len} in the messages, {wanted or 0} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            param="messages",
+        )
+    sampling = _sampling(rollout, request, max_tokens=wanted or min(policy.default_max_tokens, room))
+    stop_ids = _stop_ids(policy.renderer, request)
+    if stop_ids:
+        sampling["stop_token_ids"] = stop_ids
+    return sampling
+
+
+def _settle(future: asyncio.Future, exc: BaseException) -> None:
+    if isinstance(exc, Exception):
+        future.set_exception(exc)
+    else:
+        future.cancel()
 
 
 _pending_releases: set[asyncio.Task] = set()
