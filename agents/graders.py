@@ -40,6 +40,8 @@ async def grade(task: Task, *, answer: object, answered: bool, workspace: Path) 
         return _grade_answer(grader, answer, answered)
     if grader.kind == "command":
         return await _grade_command(grader, workspace)
+    if grader.kind == "swe":
+        return await _grade_swe(grader, workspace)
     return await _grade_python(grader, task, answer, workspace)
 
 
@@ -86,6 +88,22 @@ async def _grade_command(grader: Grader, workspace: Path) -> Grade:
         raise GraderFailed(f"grader command failed (exit {process.returncode}) before reporting {missing[:3]}")
     failed = [t for t in tests if results.get(t) not in ("PASSED", "XPASS")]
     return Grade(0.0 if failed else 1.0, f"{len(tests) - len(failed)}/{len(tests)} required tests passed")
+
+
+async def _grade_swe(grader: Grader, workspace: Path) -> Grade:
+    """Restore the files the hidden test patch touches to the base commit (the agent's edits to them are reverted
+    and reported), apply the patch, run the FAIL_TO_PASS and PASS_TO_PASS tests."""
+    from .swe import apply_patch, restore_test_files  # noqa: PLC0415  (swe imports this module's types)
+
+    try:
+        reverted = await asyncio.to_thread(restore_test_files, grader, workspace)
+        await asyncio.to_thread(apply_patch, grader.test_patch, workspace)
+    except (OSError, ValueError) as exc:
+        raise GraderFailed(f"could not put the hidden tests in place: {exc}") from exc
+    graded = await _grade_command(grader, workspace)
+    if not reverted:
+        return graded
+    return Grade(graded.reward, f"{graded.detail}; the agent's edits to test files were reverted: {reverted}")
 
 
 async def _grade_python(grader: Grader, task: Task, answer: object, workspace: Path) -> Grade:

@@ -93,7 +93,12 @@ def summary_table(records: list[RolloutRecord]) -> str:
 
 
 async def run(args: argparse.Namespace) -> int:
-    tasks = load_tasks(args.tasks)
+    if args.swe_repos:
+        from .swe import load_swe_tasks
+
+        tasks = load_swe_tasks(args.tasks, repos=args.swe_repos)
+    else:
+        tasks = load_tasks(args.tasks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "rollouts.jsonl"

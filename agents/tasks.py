@@ -16,7 +16,10 @@ Graders (`agents.graders` computes them on the host; the reward never reaches th
 - `command`: a command run in the workspace after the agent exits. With `fail_to_pass` / `pass_to_pass` test ids
   (SWE-Gym style) the command is run with those ids appended and must report every one of them passed (pytest
   `-rA` lines); without them, exit status 0 is reward 1;
-- `python`: `"callable": "package.module:function"`, called as `function(task, answer, workspace) -> float`.
+- `python`: `"callable": "package.module:function"`, called as `function(task, answer, workspace) -> float`;
+- `swe`: a SWE-Gym / SWE-bench instance (made by `agents.swe.load_swe_tasks`): after the agent exits, its changes
+  to the files the hidden `test_patch` touches are reverted (and reported), the patch is applied, and the
+  FAIL_TO_PASS and PASS_TO_PASS tests run; 1.0 only when every one of them passes.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class Grader:
-    kind: Literal["answer", "command", "python"]
+    kind: Literal["answer", "command", "python", "swe"]
     expected: str | None = None
     match: Literal["exact", "regex", "numeric"] = "exact"
     tolerance: float = 1e-6
@@ -55,6 +58,11 @@ class Grader:
     pass_to_pass: tuple[str, ...] = ()
     timeout_s: float = 300.0
     callable: str | None = None
+    # swe: the repository the workspace was made from (test files are restored from it), its commit, and the
+    # hidden test patch (never in the workspace while the agent runs)
+    repo_path: Path | None = None
+    base_commit: str | None = None
+    test_patch: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "answer" and self.expected is None:
@@ -65,7 +73,10 @@ class Grader:
             raise TaskError("a command grader needs 'command'")
         if self.kind == "python" and (not self.callable or ":" not in self.callable):
             raise TaskError("a python grader needs 'callable': 'module:function'")
-        if self.kind not in ("answer", "command", "python"):
+        if self.kind == "swe" and not (self.command and self.repo_path and self.base_commit and self.test_patch
+                                       and self.fail_to_pass):
+            raise TaskError("a swe grader needs command, repo_path, base_commit, test_patch and fail_to_pass")
+        if self.kind not in ("answer", "command", "python", "swe"):
             raise TaskError(f"unknown grader kind {self.kind!r}")
 
 
@@ -78,6 +89,7 @@ class Task:
     workspace: Path | None = None  # a directory copied into the rollout's workspace
     setup: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    image: str | None = None  # a container image for backends that run one; the host's tools run it otherwise
 
     def __post_init__(self) -> None:
         if not self.id or not self.instruction:
@@ -89,7 +101,7 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict, *, base_dir: Path) -> Task:
-        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits"}
+        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image"}
         unknown = set(data) - known
         if unknown:
             raise TaskError(f"unknown task fields {sorted(unknown)}")
@@ -98,6 +110,8 @@ class Task:
             grader[key] = tuple(grader.get(key) or ())
         if "expected" in grader and grader["expected"] is not None:
             grader["expected"] = str(grader["expected"])
+        if grader.get("repo_path"):
+            grader["repo_path"] = base_dir / grader["repo_path"]
         try:
             return cls(
                 id=str(data.get("id", "")),
@@ -107,6 +121,7 @@ class Task:
                 workspace=(base_dir / data["workspace"]) if data.get("workspace") else None,
                 setup=tuple(data.get("setup") or ()),
                 limits=Limits(**(data.get("limits") or {})),
+                image=data.get("image"),
             )
         except TypeError as exc:  # unknown keys inside grader or limits
             raise TaskError(str(exc)) from exc
