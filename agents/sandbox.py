@@ -190,6 +190,7 @@ class LocalSandbox:
         argv = [executable, *launch.argv[1:]]
         if proctree.supports_subreaper():
             argv = [sys.executable, "-I", str(_SHIM), "--grace", str(self.config.kill_grace_s), "--", *argv]
+        argv, env = self._wrap(launch, argv, env)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -218,6 +219,11 @@ class LocalSandbox:
             stderr_dropped=stderr.dropped,
             seconds=time.monotonic() - started,
         )
+
+    def _wrap(self, launch: AgentLaunch, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The command and environment actually started. A backend that runs the agent somewhere else (in its own
+        namespaces: `agents.namespace_sandbox`) wraps them here and keeps the limits, watchdog and output above."""
+        return argv, env
 
 
 class _Run:

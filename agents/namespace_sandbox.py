@@ -1,0 +1,179 @@
+"""A sandbox whose agent runs in its own Linux namespaces (bubblewrap), reaching nothing but its model endpoint.
+
+    async with NamespaceSandbox(endpoint=("127.0.0.1", server_port)) as box:   # the interception server's address
+        ...same use as LocalSandbox: box.workspace, box.home, box.bin_dir, await box.run(launch, limits=...)...
+
+What the agent (and every tool command it runs) gets, per rollout, from `bwrap`:
+- its own user, mount, PID, IPC, UTS, cgroup and network namespaces, all capabilities dropped, a new session (no
+  terminal to inject into), and `--die-with-parent`;
+- the host file system read-only (`/` bound read-only), a fresh `/proc` (it sees only its own processes), a minimal
+  `/dev`, an empty `/tmp`; the sandboxes' parent directory (a dedicated one, `$TMPDIR/interceptor-sandboxes` by
+  default) is an empty tmpfs, with only this rollout's own directory (workspace, home, bin, tmp) bound back
+  writable at the same path, so the launch's paths stay valid and no other rollout's files are visible;
+- loopback only: the model endpoint's port on 127.0.0.1 is forwarded to the host's interception server through a
+  Unix socket in the rollout's directory (`agents.netbridge`); every other port, the host's included, is closed.
+  The endpoint is `endpoint=(host, port)`, or else taken from the launch's `OPENAI_BASE_URL`; without either the
+  sandbox has no network at all. Inside, the endpoint is always 127.0.0.1: an `OPENAI_BASE_URL` naming another host
+  (`localhost`, a LAN address) is rewritten to 127.0.0.1 in the agent's environment. A URL an agent spec wrote into
+  a config file is not rewritten, so give the agent a 127.0.0.1 base URL (the server's default) or `localhost`.
+  The port must be 1024 or above: the forwarder binds it without privileges. An endpoint that is down looks, from
+  inside, like a server that closes the connection without a reply.
+
+The process tree, limits, idle watchdog and output tails are `LocalSandbox`'s: the agent runs under the same
+subreaper inside the namespace, so what it leaves running ends when it exits. The PID namespace is the backstop:
+when bwrap goes (killed, or its parent, us, dies) the kernel kills every process in it, escaped ones included.
+SIGTERM ends bwrap at once, so a timed-out agent gets no grace period here: its directories are thrown away anyway.
+
+Limits of this first increment: on a host where the trainer runs as root, the sandbox's user maps to root, so the
+agent can *read* every root-readable file of the host file system it sees (nothing of other rollouts: those are not
+mounted); run as an unprivileged user to narrow that. No CPU/memory/pids limits yet (cgroups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self
+from urllib.parse import urlsplit, urlunsplit
+
+from . import netbridge, proctree
+from .errors import AgentConfigError, AgentError
+from .sandbox import LocalSandbox, LocalSandboxConfig, RunLimits, RunResult
+from .spec import AgentLaunch
+
+__all__ = ["NamespaceSandbox", "SandboxUnavailable", "namespaces_unavailable"]
+
+_BRIDGE = Path(netbridge.__file__)
+_SOCKET_NAME = "model.sock"  # in the rollout's directory: short, a Unix socket path has a 108-byte limit
+_LOOPBACK = "127.0.0.1"
+_ANY_HOST = ("", "0.0.0.0", "::")  # a server bound to every address is reached on the host through loopback
+_PROBE_S = 10.0
+
+
+class SandboxUnavailable(AgentError):
+    """This machine cannot make the sandbox (no bwrap, or user namespaces refused); the message says which."""
+
+
+@functools.cache
+def namespaces_unavailable(bwrap: str = "bwrap") -> str | None:
+    """Why a namespace sandbox cannot be made here, or None when it can. Probed once per process."""
+    if not sys.platform.startswith("linux"):
+        return "namespaces are Linux only"
+    path = shutil.which(bwrap)
+    if path is None:
+        return f"{bwrap} is not installed (scripts/setup-sandbox.sh installs bubblewrap)"
+    probe = [path, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+             "--dev", "/dev", "--", "true"]  # fmt: skip
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=_PROBE_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} could not be run: {exc}"
+    if done.returncode != 0:
+        return f"{bwrap} cannot make namespaces here (user namespaces refused?): {done.stderr.strip()}"
+    return None
+
+
+def default_parent_dir() -> Path:
+    """A directory that holds sandboxes and nothing else: it is hidden wholesale inside every sandbox."""
+    return Path(tempfile.gettempdir()).resolve() / "interceptor-sandboxes"
+
+
+class NamespaceSandbox(LocalSandbox):
+    def __init__(
+        self,
+        config: LocalSandboxConfig | None = None,
+        *,
+        endpoint: tuple[str, int] | None = None,
+        bwrap: str = "bwrap",
+    ) -> None:
+        config = config or LocalSandboxConfig()
+        parent = (config.parent_dir or default_parent_dir()).resolve()
+        for needed in (Path(sys.executable).resolve(), _BRIDGE.resolve(), Path(proctree.__file__).resolve()):
+            if needed.is_relative_to(parent):
+                raise AgentConfigError(f"parent_dir {parent} would hide {needed} from the sandbox: use a dedicated one")
+        super().__init__(dataclasses.replace(config, parent_dir=parent))
+        self.endpoint = endpoint
+        self.bwrap = bwrap
+        self._port: int | None = None  # the forwarded port of the run in progress
+
+    async def __aenter__(self) -> Self:
+        reason = namespaces_unavailable(self.bwrap)
+        if reason is not None:
+            raise SandboxUnavailable(reason)
+        assert self.config.parent_dir is not None
+        self.config.parent_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return await super().__aenter__()
+
+    async def run(
+        self,
+        launch: AgentLaunch,
+        *,
+        limits: RunLimits,
+        activity: Callable[[], float] | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> RunResult:
+        endpoint = self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
+        if endpoint is None:
+            self._port = None
+            return await super().run(launch, limits=limits, activity=activity, stop=stop)
+        host, port = endpoint
+        target = (_LOOPBACK if host in _ANY_HOST else host, port)
+        async with netbridge.UnixBridge(self.root / _SOCKET_NAME, endpoint=target):
+            self._port = port
+            try:
+                return await super().run(launch, limits=limits, activity=activity, stop=stop)
+            finally:
+                self._port = None
+
+    def _wrap(self, launch: AgentLaunch, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        parent = self.config.parent_dir
+        assert parent is not None
+        command = [
+            shutil.which(self.bwrap) or self.bwrap,
+            "--unshare-all",  # user, mount, pid, ipc, uts, cgroup and network
+            "--unshare-user",  # required, not just tried: without it the agent would hold our capabilities
+            "--cap-drop", "ALL",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname", "sandbox",
+            "--ro-bind", "/", "/",
+            "--proc", "/proc",
+            "--dev", "/dev",
+            "--tmpfs", "/tmp",
+            "--tmpfs", str(parent),  # every rollout's directory hidden (a no-op twice over when under /tmp) ...
+            "--bind", str(self.root), str(self.root),  # ... but this one's, writable at the same path
+            "--chdir", str(launch.cwd),
+            "--",
+        ]  # fmt: skip
+        if self._port is not None:
+            command += [sys.executable, "-I", str(_BRIDGE), "--port", str(self._port)]
+            command += ["--unix", str(self.root / _SOCKET_NAME), "--"]
+            if "OPENAI_BASE_URL" in env:
+                env = {**env, "OPENAI_BASE_URL": _on_loopback(env["OPENAI_BASE_URL"])}
+        return [*command, *argv], env
+
+
+def _endpoint_of(base_url: str | None) -> tuple[str, int] | None:
+    if not base_url:
+        return None
+    url = urlsplit(base_url)
+    if url.hostname is None:
+        return None
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
+
+
+def _on_loopback(base_url: str) -> str:
+    url = urlsplit(base_url)
+    if url.hostname in (None, _LOOPBACK):
+        return base_url
+    netloc = _LOOPBACK if url.port is None else f"{_LOOPBACK}:{url.port}"
+    if url.username or url.password:
+        netloc = f"{url.netloc.rpartition('@')[0]}@{netloc}"
+    return urlunsplit(url._replace(netloc=netloc))
