@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Set up everything the tests need, then run them: the project venv, the CPU vLLM venv (tests/e2e start a real
-# vLLM from it), and the pinned Pi and OpenCode from npm (tests/e2e run them). Extra arguments go to pytest.
+# vLLM from it), the pinned Pi and OpenCode from npm (tests/e2e run them), and bubblewrap (the namespace sandbox). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
 bash scripts/setup.sh
 bash scripts/setup-vllm.sh
 bash scripts/setup-agents.sh
+bash scripts/setup-sandbox.sh
 echo "[test] set-up took $((SECONDS - started))s"
 exec .venv/bin/python -m pytest "$@"

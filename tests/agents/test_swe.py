@@ -3,14 +3,17 @@ the hidden tests, and Pi solving one end to end through the interception server 
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from agents import PiAgent
 from agents.graders import grade
+from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
 from agents.packages import PI
 from agents.runner import Runner, RunnerConfig
 from agents.swe import load_swe_tasks
@@ -131,3 +134,18 @@ async def test_pi_that_breaks_a_passing_test_earns_0(tasks, server, scripted):
     scripted.script(bash_call("sed -i 's/a - b/a + b/' calc.py"), "Fixed add.")  # also breaks sub: P2P fails
     (record,) = await Runner(server, RunnerConfig(agent=pi)).run_tasks([tasks["tiny__calc-1"]], n=1)
     assert record.status == "ok" and record.reward == 0.0, (record.failure, record.events)
+
+
+@pytest.mark.e2e
+async def test_pi_inside_the_namespace_sandbox_fixes_the_bug_through_the_bridge_and_earns_1(tasks, server, scripted):
+    if reason := namespaces_unavailable():
+        pytest.skip(reason)
+    pi = PiAgent(binary=require_agent(PI), context_window=MAX_MODEL_LEN)
+    sandbox = functools.partial(NamespaceSandbox, endpoint=("127.0.0.1", urlsplit(server.url).port))
+    scripted.script(bash_call("sed -i '2s/a - b/a + b/' calc.py && cat /proc/1/comm"), "Fixed add.")
+    runner = Runner(server, RunnerConfig(agent=pi, sandbox=sandbox))
+    (record,) = await runner.run_tasks([tasks["tiny__calc-1"]], n=1)
+    assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events)
+    assert_token_exact(record, scripted.calls)
+    tool_output = next(m["content"] for t in record.trace for m in t["new_messages"] if m["role"] == "tool")
+    assert tool_output.strip() == "bwrap"  # the tool ran in the sandbox's own PID namespace
