@@ -1,22 +1,27 @@
 """Host-side grading: a finished rollout's submission and workspace -> a reward in [0, 1].
 
-Runs on the host after the agent has exited; nothing here is visible to the agent. A grader that cannot decide
-(its command times out, its callable raises) raises `GraderFailed`: the rollout is then marked failed with cause
-`grader` and kept out of training, never given a reward of 0 by accident.
+Runs after the agent has exited; nothing here is visible to the agent. Test commands (`command`, `swe`) run
+through `exec`, the rollout sandbox's own `exec` when the runner grades (so code the agent wrote runs confined
+like the agent), or a plain host process without one. A grader that cannot decide (its command times out, its
+callable raises) raises `GraderFailed`: the rollout is then marked failed with cause `grader` and kept out of
+training, never given a reward of 0 by accident.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import math
 import os
 import re
 import shlex
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .sandbox import ExecResult
 from .tasks import Grader, Task
 
 __all__ = ["Grade", "GraderFailed", "grade"]
@@ -34,14 +39,20 @@ class Grade:
     detail: str
 
 
-async def grade(task: Task, *, answer: object, answered: bool, workspace: Path) -> Grade:
+Exec = Callable[[str, float], Awaitable[ExecResult]]  # (shell command, timeout) -> how it ended, in the workspace
+
+
+async def grade(
+    task: Task, *, answer: object, answered: bool, workspace: Path, exec: Exec | None = None
+) -> Grade:
     grader = task.grader
+    run = exec or functools.partial(_exec_on_host, workspace)
     if grader.kind == "answer":
         return _grade_answer(grader, answer, answered)
     if grader.kind == "command":
-        return await _grade_command(grader, workspace)
+        return await _grade_command(grader, run)
     if grader.kind == "swe":
-        return await _grade_swe(grader, workspace)
+        return await _grade_swe(grader, workspace, run)
     return await _grade_python(grader, task, answer, workspace)
 
 
@@ -62,9 +73,7 @@ def _grade_answer(grader: Grader, answer: object, answered: bool) -> Grade:
     return Grade(1.0 if ok else 0.0, f"submitted {given[:200]!r}, expected {grader.match} {expected!r}")
 
 
-async def _grade_command(grader: Grader, workspace: Path) -> Grade:
-    tests = (*grader.fail_to_pass, *grader.pass_to_pass)
-    command = grader.command + ("".join(f" {shlex.quote(t)}" for t in tests) if tests else "")
+async def _exec_on_host(workspace: Path, command: str, timeout_s: float) -> ExecResult:
     process = await asyncio.create_subprocess_shell(
         command,
         cwd=workspace,
@@ -73,24 +82,33 @@ async def _grade_command(grader: Grader, workspace: Path) -> Grade:
         start_new_session=True,
     )
     try:
-        async with asyncio.timeout(grader.timeout_s):
+        async with asyncio.timeout(timeout_s):
             output, _ = await process.communicate()
-    except TimeoutError as exc:
+    except TimeoutError:
         os.killpg(process.pid, signal.SIGKILL)  # the shell and whatever it started: they hold the output pipe
         await process.wait()
-        raise GraderFailed(f"grader command timed out after {grader.timeout_s}s: {grader.command}") from exc
-    text = output.decode(errors="replace")
+        return ExecResult(exit_code=None, output="", timed_out=True, reason="timed out")
+    return ExecResult(exit_code=process.returncode, output=output.decode(errors="replace"))
+
+
+async def _grade_command(grader: Grader, run: Exec) -> Grade:
+    tests = (*grader.fail_to_pass, *grader.pass_to_pass)
+    command = grader.command + ("".join(f" {shlex.quote(t)}" for t in tests) if tests else "")
+    result = await run(command, grader.timeout_s)
+    if result.exit_code is None:
+        what = f"timed out after {grader.timeout_s}s" if result.timed_out else f"did not run ({result.reason})"
+        raise GraderFailed(f"grader command {what}: {grader.command}")
     if not tests:
-        return Grade(1.0 if process.returncode == 0 else 0.0, f"exit {process.returncode}")
-    results = {name: outcome for outcome, name in _PYTEST_RESULT.findall(text)}
+        return Grade(1.0 if result.exit_code == 0 else 0.0, f"exit {result.exit_code}")
+    results = {name: outcome for outcome, name in _PYTEST_RESULT.findall(result.output)}
     missing = [t for t in tests if t not in results]
-    if missing and process.returncode not in (0, 1):
-        raise GraderFailed(f"grader command failed (exit {process.returncode}) before reporting {missing[:3]}")
+    if missing and result.exit_code not in (0, 1):
+        raise GraderFailed(f"grader command failed (exit {result.exit_code}) before reporting {missing[:3]}")
     failed = [t for t in tests if results.get(t) not in ("PASSED", "XPASS")]
     return Grade(0.0 if failed else 1.0, f"{len(tests) - len(failed)}/{len(tests)} required tests passed")
 
 
-async def _grade_swe(grader: Grader, workspace: Path) -> Grade:
+async def _grade_swe(grader: Grader, workspace: Path, run: Exec) -> Grade:
     """Restore the files the hidden test patch touches to the base commit (the agent's edits to them are reverted
     and reported), apply the patch, run the FAIL_TO_PASS and PASS_TO_PASS tests."""
     from .swe import apply_patch, restore_test_files  # noqa: PLC0415  (swe imports this module's types)
@@ -100,7 +118,7 @@ async def _grade_swe(grader: Grader, workspace: Path) -> Grade:
         await asyncio.to_thread(apply_patch, grader.test_patch, workspace)
     except (OSError, ValueError) as exc:
         raise GraderFailed(f"could not put the hidden tests in place: {exc}") from exc
-    graded = await _grade_command(grader, workspace)
+    graded = await _grade_command(grader, run)
     if not reverted:
         return graded
     return Grade(graded.reward, f"{graded.detail}; the agent's edits to test files were reverted: {reverted}")

@@ -22,3 +22,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", default="runs/latest", help="directory for rollouts.jsonl")
+    parser.add_argument(
+        "--sandbox", choices=("auto", "namespace", "local"), default="auto",
+        help="where agents run: namespace (own Linux namespaces via bubblewrap, only the model endpoint reachable), "
+        "local (this user, no isolation: for trusted programs), auto (namespace where possible; the default)",
+    )

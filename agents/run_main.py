@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shlex
 import sys
@@ -28,6 +29,7 @@ from .command import CommandAgent
 from .opencode import OpenCodeAgent
 from .pi import PiAgent
 from .runner import Runner, RunnerConfig
+from .sandbox import LocalSandbox
 from .spec import AgentSpec
 from .tasks import load_tasks
 
@@ -49,6 +51,22 @@ async def _local_model(args: argparse.Namespace, out: Path) -> Path:
     from trainer.local_model import ensure_local_model
 
     return await asyncio.to_thread(ensure_local_model, Path(args.model) if args.model else out.parent / "model")
+
+
+def _sandbox(choice: str, server):
+    """The sandbox factory for `--sandbox`: None lets the runner choose (namespace where possible)."""
+    if choice == "local":
+        return LocalSandbox
+    if choice == "namespace":
+        from urllib.parse import urlsplit
+
+        from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
+
+        if reason := namespaces_unavailable():
+            raise SystemExit(f"--sandbox namespace: {reason}")
+        url = urlsplit(server.url)
+        return functools.partial(NamespaceSandbox, endpoint=(url.hostname, url.port))
+    return None
 
 
 def _progress(total: int):
@@ -124,6 +142,7 @@ async def run(args: argparse.Namespace) -> int:
             agent=_agent(args, context_window=context_window),
             sampling=SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
             concurrency=args.concurrency,
+            sandbox=_sandbox(args.sandbox, server),
         )
         print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {upstream.base_url} ({args.mode})", flush=True)
         runner = Runner(server, config, on_finished=_progress(len(tasks) * args.n))

@@ -4,9 +4,13 @@
         runner = Runner(server, RunnerConfig(agent=PiAgent(), sampling=SamplingSettings(temperature=1.0)))
         records = await runner.run_tasks(load_tasks("tasks.jsonl"), n=4)
 
-One rollout: open it on the server -> make the sandbox (task files, setup commands, the `answer` command) -> start
-the agent with its own rollout URL and secret -> wait for it under the task's wall-clock and idle limits (idle =
-no request reaches the server) -> grade on the host -> finish the rollout (on disk before it is reported).
+One rollout: open it on the server -> make the sandbox (task files, setup commands run inside it, the `answer`
+command) -> start the agent with its own rollout URL and secret -> wait for it under the task's wall-clock and
+idle limits (idle = no request reaches the server) -> grade (the answer on the host; test commands inside the
+sandbox) -> finish the rollout (on disk before it is reported).
+
+The sandbox: `RunnerConfig.sandbox`, or by default a `NamespaceSandbox` reaching only the server where this
+machine can make one (Linux with bubblewrap), else a `LocalSandbox` (same user, no isolation: a warning says so).
 
 A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
 installed), `sandbox` (set-up failed), `upstream` (its last chat call failed upstream), `grader` (the grader could
@@ -17,11 +21,13 @@ Cancelling (Ctrl-C) stops the agents and still writes every record.
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
+import logging
 import shutil
-import signal
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from interceptor.config import SamplingSettings
 from interceptor.records import Failure, RolloutRecord
@@ -30,11 +36,14 @@ from interceptor.server import InterceptionServer
 from .answer_command import write_answer_command
 from .errors import AgentError
 from .graders import GraderFailed, grade
+from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
 from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
 from .spec import AgentRollout, AgentSpec
 from .tasks import Task
 
 __all__ = ["Runner", "RunnerConfig"]
+
+log = logging.getLogger("agents.runner")
 
 _OUTPUT_KEPT = 4000  # characters of the agent's output tail kept in a failed rollout's record
 
@@ -44,7 +53,7 @@ class RunnerConfig:
     agent: AgentSpec
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     concurrency: int = 4  # rollouts running at once
-    sandbox: Callable[[], Sandbox] = LocalSandbox
+    sandbox: Callable[[], Sandbox] | None = None  # None: a NamespaceSandbox where possible, else a LocalSandbox
     setup_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -70,6 +79,7 @@ class Runner:
         self.config = config
         self._slots = asyncio.Semaphore(config.concurrency)
         self._on_finished = on_finished
+        self._sandbox = config.sandbox or _default_sandbox(server)
 
     async def run_tasks(self, tasks: Sequence[Task], *, n: int = 1) -> list[RolloutRecord]:
         """Every task `n` times (a group per task), at most `concurrency` rollouts at once."""
@@ -113,7 +123,11 @@ class Runner:
 
     async def _attempt(self, task: Task, handle) -> tuple[float, str]:
         rollout = self.server.rollout(handle.id)
-        async with self.config.sandbox() as box:
+        async with AsyncExitStack() as stack:
+            try:
+                box = await stack.enter_async_context(self._sandbox())
+            except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, namespaces refused)
+                raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
             await self._prepare_workspace(task, box)
             write_answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret)
             try:
@@ -136,7 +150,8 @@ class Runner:
             )
             _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
             try:
-                graded = await grade(task, answer=rollout.answer, answered=rollout.answered, workspace=box.workspace)
+                graded = await grade(task, answer=rollout.answer, answered=rollout.answered, workspace=box.workspace,
+                                     exec=lambda command, timeout_s: box.exec(command, timeout_s=timeout_s))
             except GraderFailed as exc:
                 raise _Failed("grader", str(exc)) from exc
             return graded.reward, graded.detail
@@ -149,23 +164,21 @@ class Runner:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
         for command in task.setup:
-            process = await asyncio.create_subprocess_shell(
-                command,
-                cwd=box.workspace,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                async with asyncio.timeout(self.config.setup_timeout_s):
-                    output, _ = await process.communicate()
-            except TimeoutError as exc:
-                os.killpg(process.pid, signal.SIGKILL)
-                await process.wait()
-                raise _Failed("sandbox", f"setup command timed out: {command}") from exc
-            if process.returncode != 0:
-                tail = output.decode(errors="replace")[-_OUTPUT_KEPT:]
-                raise _Failed("sandbox", f"setup command failed ({process.returncode}): {command}\n{tail}")
+            result = await box.exec(command, timeout_s=self.config.setup_timeout_s)
+            if result.timed_out:
+                raise _Failed("sandbox", f"setup command timed out: {command}")
+            if not result.ok:
+                tail = result.output[-_OUTPUT_KEPT:]
+                raise _Failed("sandbox", f"setup command failed ({result.exit_code or result.reason}): {command}\n{tail}")
+
+
+def _default_sandbox(server: InterceptionServer) -> Callable[[], Sandbox]:
+    reason = namespaces_unavailable()
+    if reason is not None:
+        log.warning("rollouts run in LocalSandbox, as this user with no isolation, because %s", reason)
+        return LocalSandbox
+    url = urlsplit(server.url)
+    return functools.partial(NamespaceSandbox, endpoint=(url.hostname or "127.0.0.1", url.port or 80))
 
 
 def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:

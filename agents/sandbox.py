@@ -40,7 +40,16 @@ from .errors import AgentConfigError
 from .output import OutputTail
 from .spec import AgentLaunch
 
-__all__ = ["Heartbeat", "LocalSandbox", "LocalSandboxConfig", "Outcome", "RunLimits", "RunResult", "Sandbox"]
+__all__ = [
+    "ExecResult",
+    "Heartbeat",
+    "LocalSandbox",
+    "LocalSandboxConfig",
+    "Outcome",
+    "RunLimits",
+    "RunResult",
+    "Sandbox",
+]
 
 Outcome = Literal["exited", "timeout", "idle", "cancelled", "spawn_failed"]
 _SHIM = Path(proctree.__file__)
@@ -75,6 +84,20 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.outcome == "exited" and self.exit_code == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecResult:
+    """A command run in the sandbox for set-up or grading: how it ended and the tail of its combined output."""
+
+    exit_code: int | None  # None when it did not exit by itself (timed out, could not start)
+    output: str
+    timed_out: bool = False
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
 
 
 class Heartbeat:
@@ -115,6 +138,10 @@ class Sandbox(Protocol):
         activity: Callable[[], float] | None = None,
         stop: asyncio.Event | None = None,
     ) -> RunResult: ...
+
+    async def exec(self, command: str, *, timeout_s: float, env: dict[str, str] | None = None) -> ExecResult:
+        """Run a shell command in the workspace, inside the sandbox, as task set-up and graders do."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,6 +246,17 @@ class LocalSandbox:
             stderr_dropped=stderr.dropped,
             seconds=time.monotonic() - started,
         )
+
+    async def exec(self, command: str, *, timeout_s: float, env: dict[str, str] | None = None) -> ExecResult:
+        """Run `sh -c command` in the workspace, inside the sandbox (the same isolation, limits and reaping as the
+        agent), with a combined output tail. Set-up and graders use it, so what they run is confined like the
+        agent (a grader runs code the agent wrote)."""
+        launch = AgentLaunch(argv=("/bin/sh", "-c", f"exec 2>&1; {command}"), env=dict(env or {}), cwd=self.workspace)
+        result = await self.run(launch, limits=RunLimits(wall_s=timeout_s, idle_s=None))
+        if result.outcome == "exited":
+            return ExecResult(exit_code=result.exit_code, output=result.stdout)
+        return ExecResult(exit_code=None, output=result.stdout, timed_out=result.outcome == "timeout",
+                          reason=result.reason or result.outcome)
 
     def _wrap(self, launch: AgentLaunch, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         """The command and environment actually started. A backend that runs the agent somewhere else (in its own

@@ -6,8 +6,9 @@ An instance (one JSON object per line) has `instance_id`, `repo` ("owner/name"),
 `problem_statement`, `test_patch`, `FAIL_TO_PASS` and `PASS_TO_PASS` (lists of test ids, or those lists encoded
 as JSON strings, as the published datasets store them), and optionally `image` and the gold `patch` (never used).
 
-The workspace is the repository's tree at `base_commit` in a fresh git repository with that one commit: no
-history (it could hold the fix), no remote. The hidden `test_patch` stays on the host until grading. Grading
+The workspace is the repository's tree at `base_commit` (exported once into `cache`, then copied into each
+rollout's sandbox) in a fresh git repository with that one commit, made inside the sandbox: no history (it
+could hold the fix), no remote. The hidden `test_patch` stays on the host until grading. Grading
 (`agents.graders`, kind `swe`): the files the test patch touches are restored from the original repository at
 `base_commit` (the agent's edits to them are reverted and reported), the patch is applied, and the listed tests
 run with `test_command`: reward 1.0 only when every FAIL_TO_PASS and PASS_TO_PASS test passes.
@@ -38,15 +39,22 @@ _INSTRUCTION = (
 
 
 def load_swe_tasks(
-    path: Path | str, *, repos: Path | str, test_command: str = DEFAULT_TEST_COMMAND, limits: Limits | None = None
+    path: Path | str,
+    *,
+    repos: Path | str,
+    test_command: str = DEFAULT_TEST_COMMAND,
+    limits: Limits | None = None,
+    cache: Path | str | None = None,
 ) -> list[Task]:
+    """Tasks for the instances in `path`; `cache` (default ~/.cache/interceptor/swe) keeps each base tree."""
     path, repos = Path(path), Path(repos)
+    cache = Path(cache) if cache is not None else Path.home() / ".cache" / "interceptor" / "swe"
     tasks = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            tasks.append(_task(orjson.loads(line), repos, test_command, limits or Limits()))
+            tasks.append(_task(orjson.loads(line), repos, test_command, limits or Limits(), cache))
         except (orjson.JSONDecodeError, TaskError, KeyError, TypeError) as exc:
             raise TaskError(f"{path}:{number}: {exc!r}"[:500]) from exc
     if not tasks:
@@ -54,7 +62,7 @@ def load_swe_tasks(
     return tasks
 
 
-def _task(data: dict, repos: Path, test_command: str, limits: Limits) -> Task:
+def _task(data: dict, repos: Path, test_command: str, limits: Limits, cache: Path) -> Task:
     if not isinstance(data, dict):
         raise TaskError("an instance is a JSON object")
     instance_id, repo, base = str(data["instance_id"]), str(data["repo"]), str(data["base_commit"])
@@ -66,7 +74,7 @@ def _task(data: dict, repos: Path, test_command: str, limits: Limits) -> Task:
     test_patch = str(data["test_patch"])
     if not patch_paths(test_patch):
         raise TaskError(f"{instance_id}: test_patch touches no file")
-    source = shlex.quote(str(checkout.resolve()))
+    tree = _export(checkout, base, cache / f"{instance_id}-{base[:12]}")
     return Task(
         id=instance_id,
         instruction=_INSTRUCTION.format(problem=str(data["problem_statement"]).strip()),
@@ -79,14 +87,35 @@ def _task(data: dict, repos: Path, test_command: str, limits: Limits) -> Task:
             base_commit=base,
             test_patch=test_patch,
         ),
+        workspace=tree,
         setup=(
-            f"git -C {source} archive --format=tar {shlex.quote(base)} | tar -x",
             "git init -q && git add -A && "
             "git -c user.name=interceptor -c user.email=interceptor@localhost commit -q -m base",
         ),
         limits=limits,
         image=data.get("image"),
     )
+
+
+def _export(checkout: Path, commit: str, tree: Path) -> Path:
+    """The files of `commit`, written once into `tree` (built beside it and renamed, so a half-written tree is
+    never used)."""
+    if tree.is_dir():
+        return tree
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tree.parent, prefix=f".{tree.name}-") as work:
+        archive = subprocess.run(["git", "-C", str(checkout), "archive", "--format=tar", commit], capture_output=True)
+        if archive.returncode != 0:
+            raise TaskError(f"git archive {commit} failed in {checkout}: {archive.stderr[:300]!r}")
+        subprocess.run(["tar", "-x", "-C", work], input=archive.stdout, check=True, capture_output=True)
+        try:
+            os.rename(work, tree)
+        except OSError:  # another process exported it meanwhile
+            if not tree.is_dir():
+                raise
+        else:
+            os.mkdir(work)  # for TemporaryDirectory's clean-up, which expects it
+    return tree
 
 
 def _tests(value: object) -> tuple[str, ...]:

@@ -117,3 +117,27 @@ async def test_grader_failure_is_a_failure_not_a_zero(server, scripted):
 async def test_failed_setup_is_a_sandbox_failure(server):
     (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([task(setup=["exit 7"])], n=1)
     assert record.status == "failed" and record.failure.cause == "sandbox"
+
+
+async def test_setup_and_grading_run_inside_the_default_sandbox(server, scripted):
+    from agents.namespace_sandbox import namespaces_unavailable
+
+    if reason := namespaces_unavailable():
+        pytest.skip(reason)
+    inside = 'test "$(cat /proc/1/comm)" = bwrap'  # PID 1 of the sandbox's own PID namespace
+    graded_inside = task(
+        setup=[f"{inside} && echo yes > setup_was_inside"],
+        grader={"kind": "command", "command": f"{inside} && test -s setup_was_inside"},
+    )
+    scripted.script("Nothing to do.")
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([graded_inside], n=1)
+    assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events)
+
+
+async def test_the_same_grader_on_the_host_sees_the_host(server, scripted):
+    from agents import LocalSandbox
+
+    graded = task(grader={"kind": "command", "command": 'test "$(cat /proc/1/comm)" = bwrap'})
+    scripted.script("Nothing to do.")
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT, sandbox=LocalSandbox)).run_tasks([graded], n=1)
+    assert record.status == "ok" and record.reward == 0.0

@@ -3,17 +3,16 @@ the hidden tests, and Pi solving one end to end through the interception server 
 
 from __future__ import annotations
 
-import functools
 import json
+import shutil
 import subprocess
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
-from agents import PiAgent
+from agents import LocalSandbox, PiAgent
 from agents.graders import grade
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
+from agents.namespace_sandbox import namespaces_unavailable
 from agents.packages import PI
 from agents.runner import Runner, RunnerConfig
 from agents.swe import load_swe_tasks
@@ -31,14 +30,17 @@ def suite(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def tasks(suite):
+def tasks(suite, tmp_path_factory):
     instances, repos = suite
-    return {t.id: t for t in load_swe_tasks(instances, repos=repos, limits=Limits(wall_s=120, idle_s=60))}
+    limits = Limits(wall_s=120, idle_s=60)
+    cache = tmp_path_factory.mktemp("swe-cache")
+    return {t.id: t for t in load_swe_tasks(instances, repos=repos, limits=limits, cache=cache)}
 
 
 async def _workspace(task, tmp_path: Path) -> Path:
+    """The workspace as the runner makes it, on the host (the runner runs the set-up inside the sandbox)."""
     workspace = tmp_path / "workspace"
-    workspace.mkdir(parents=True)
+    shutil.copytree(task.workspace, workspace)
     for command in task.setup:
         subprocess.run(command, shell=True, cwd=workspace, check=True, capture_output=True)
     return workspace
@@ -96,7 +98,7 @@ async def test_edits_to_a_test_the_patch_changes_are_reverted_even_when_the_fix_
 def test_an_instance_whose_repository_is_missing_is_a_clear_error(suite, tmp_path):
     instances, _ = suite
     with pytest.raises(TaskError, match="no git repository for tiny/calc"):
-        load_swe_tasks(instances, repos=tmp_path)
+        load_swe_tasks(instances, repos=tmp_path, cache=tmp_path / "cache")
 
 
 def test_test_lists_stored_as_json_text_are_read(suite, tmp_path):
@@ -106,7 +108,7 @@ def test_test_lists_stored_as_json_text_are_read(suite, tmp_path):
         row["FAIL_TO_PASS"], row["PASS_TO_PASS"] = json.dumps(row["FAIL_TO_PASS"]), json.dumps(row["PASS_TO_PASS"])
     path = tmp_path / "as_text.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (task, *_) = load_swe_tasks(path, repos=repos)
+    (task, *_) = load_swe_tasks(path, repos=repos, cache=tmp_path / "cache")
     assert task.grader.fail_to_pass == ("tests/test_add.py::test_add", "tests/test_add.py::test_add_negative")
 
 
@@ -123,7 +125,8 @@ async def test_pi_fixes_the_bug_the_model_edits_and_earns_1(tasks, server, scrip
     pi = PiAgent(binary=require_agent(PI), context_window=MAX_MODEL_LEN)
     scripted.script(bash_call("sed -i '2s/a - b/a + b/' calc.py && python3 -c 'import calc; print(calc.add(2, 3))'"),
                     "Fixed add.")
-    (record,) = await Runner(server, RunnerConfig(agent=pi)).run_tasks([tasks["tiny__calc-1"]], n=1)
+    runner = Runner(server, RunnerConfig(agent=pi, sandbox=LocalSandbox))
+    (record,) = await runner.run_tasks([tasks["tiny__calc-1"]], n=1)
     assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events)
     assert_token_exact(record, scripted.calls)
 
@@ -141,9 +144,8 @@ async def test_pi_inside_the_namespace_sandbox_fixes_the_bug_through_the_bridge_
     if reason := namespaces_unavailable():
         pytest.skip(reason)
     pi = PiAgent(binary=require_agent(PI), context_window=MAX_MODEL_LEN)
-    sandbox = functools.partial(NamespaceSandbox, endpoint=("127.0.0.1", urlsplit(server.url).port))
     scripted.script(bash_call("sed -i '2s/a - b/a + b/' calc.py && cat /proc/1/comm"), "Fixed add.")
-    runner = Runner(server, RunnerConfig(agent=pi, sandbox=sandbox))
+    runner = Runner(server, RunnerConfig(agent=pi))  # the default sandbox: namespaces where the machine has them
     (record,) = await runner.run_tasks([tasks["tiny__calc-1"]], n=1)
     assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events)
     assert_token_exact(record, scripted.calls)
