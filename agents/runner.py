@@ -34,6 +34,7 @@ from interceptor.records import Failure, RolloutRecord
 from interceptor.server import InterceptionServer
 
 from .answer_command import write_answer_command
+from .breaker import BreakerConfig, CircuitBreaker
 from .errors import AgentError
 from .graders import GraderFailed, grade
 from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
@@ -55,6 +56,7 @@ class RunnerConfig:
     concurrency: int = 4  # rollouts running at once
     sandbox: Callable[[], Sandbox] | None = None  # None: a NamespaceSandbox where possible, else a LocalSandbox
     setup_timeout_s: float = 300.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)  # pauses a sandbox backend that keeps failing
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -80,6 +82,7 @@ class Runner:
         self._slots = asyncio.Semaphore(config.concurrency)
         self._on_finished = on_finished
         self._sandbox = config.sandbox or _default_sandbox(server)
+        self.breaker = CircuitBreaker(config.breaker)
 
     async def run_tasks(self, tasks: Sequence[Task], *, n: int = 1) -> list[RolloutRecord]:
         """Every task `n` times (a group per task), at most `concurrency` rollouts at once."""
@@ -124,10 +127,14 @@ class Runner:
     async def _attempt(self, task: Task, handle) -> tuple[float, str]:
         rollout = self.server.rollout(handle.id)
         async with AsyncExitStack() as stack:
+            if waited := await self.breaker.admit():
+                rollout.note("sandbox_circuit_waited", seconds=round(waited, 3))
             try:
                 box = await stack.enter_async_context(self._sandbox())
             except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, namespaces refused)
+                self.breaker.failed(str(exc))
                 raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
+            self.breaker.succeeded()
             await self._prepare_workspace(task, box)
             write_answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret)
             try:

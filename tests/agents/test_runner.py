@@ -141,3 +141,29 @@ async def test_the_same_grader_on_the_host_sees_the_host(server, scripted):
     scripted.script("Nothing to do.")
     (record,) = await Runner(server, RunnerConfig(agent=AGENT, sandbox=LocalSandbox)).run_tasks([graded], n=1)
     assert record.status == "ok" and record.reward == 0.0
+
+
+async def test_a_sandbox_backend_that_keeps_failing_is_paused_instead_of_burning_every_rollout(server, scripted):
+    from agents import AgentError, LocalSandbox
+    from agents.breaker import BreakerConfig
+
+    runner: Runner | None = None
+
+    class DownUntilTheCircuitOpens(LocalSandbox):
+        """A backend that is down until the breaker has tripped once (then it has 'recovered')."""
+
+        async def __aenter__(self):
+            if runner.breaker.times_opened == 0:
+                raise AgentError("the backend is down")
+            return await super().__aenter__()
+
+    config = RunnerConfig(agent=AGENT, sandbox=DownUntilTheCircuitOpens, concurrency=1,
+                          breaker=BreakerConfig(threshold=2, cooldown_s=0.2))
+    runner = Runner(server, config)
+    scripted.script(*([bash_call("answer 5"), "Done."] * 3))
+    records = await runner.run_tasks([task(id=f"t{i}") for i in range(5)], n=1)
+
+    failed = [r for r in records if r.status == "failed"]
+    assert [r.failure.cause for r in failed] == ["sandbox", "sandbox"]  # the threshold, not all five
+    assert [r.reward for r in records if r.status == "ok"] == [1.0, 1.0, 1.0]
+    assert any(e["kind"] == "sandbox_circuit_waited" for r in records for e in r.events)
