@@ -151,3 +151,20 @@ async def test_pi_inside_the_namespace_sandbox_fixes_the_bug_through_the_bridge_
     assert_token_exact(record, scripted.calls)
     tool_output = next(m["content"] for t in record.trace for m in t["new_messages"] if m["role"] == "tool")
     assert tool_output.strip() == "bwrap"  # the tool ran in the sandbox's own PID namespace
+
+
+@pytest.mark.e2e
+async def test_opencode_inside_the_namespace_sandbox_fixes_the_bug_and_earns_1(tasks, server, scripted):
+    from agents import OpenCodeAgent
+    from agents.packages import OPENCODE
+
+    if reason := namespaces_unavailable():
+        pytest.skip(reason)
+    opencode = OpenCodeAgent(binary=require_agent(OPENCODE), context_window=MAX_MODEL_LEN, max_tokens=512)
+    # OpenCode's title request races the first turn: both get the edit (the title generator ignores a tool call).
+    # (No /proc look here: OpenCode's permission rules refuse commands that touch directories outside its own.)
+    call = bash_call("sed -i '2s/a - b/a + b/' calc.py")
+    scripted.script(call, call, "Fixed add.")
+    (record,) = await Runner(server, RunnerConfig(agent=opencode)).run_tasks([tasks["tiny__calc-1"]], n=1)
+    assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events, record.trace)
+    assert_token_exact(record, scripted.calls)

@@ -1,0 +1,145 @@
+"""Sandbox start-up and capacity per backend: how long from `run()` to the agent's first request at its model
+endpoint, and how many sandboxes this machine holds at once.
+
+    python bench/bench_sandbox.py [--runs 20] [--concurrent 8 16 32] [--json OUT]
+
+The "agent" is `python3 -c` that sends one HTTP request to its `OPENAI_BASE_URL` (a tiny aiohttp endpoint on
+127.0.0.1) and then, for the capacity figure, waits until told to exit. Reported per backend: the start-to-first-
+request latency (p50, p90, max over `--runs` sequential cold starts: every sandbox is made anew, as a rollout's
+is), and for each `--concurrent` N: whether N sandboxes all reached their endpoint at once, the wall time for the
+N-th first request, and the memory they took (system `MemAvailable` before and while all are up). The namespace
+backend is skipped where bubblewrap cannot make namespaces; there is no warm pool yet, so only cold starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiohttp import web  # noqa: E402
+
+from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable  # noqa: E402
+from agents.sandbox import LocalSandbox, RunLimits  # noqa: E402
+from agents.spec import AgentLaunch  # noqa: E402
+
+AGENT = (
+    "import os, sys, urllib.request\n"
+    "urllib.request.urlopen(os.environ['OPENAI_BASE_URL'] + '/models?who=' + sys.argv[1]).read()\n"
+    "urllib.request.urlopen(os.environ['OPENAI_BASE_URL'] + '/wait?who=' + sys.argv[1]).read()\n"
+)
+
+
+class Endpoint:
+    """Records when each sandbox's first request arrives; `/wait` holds the agent until `release`."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, float] = {}
+        self.release = asyncio.Event()
+        self.port = 0
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.arrived[request.query["who"]] = time.perf_counter()
+        return web.json_response({"data": []})
+
+    async def wait(self, request: web.Request) -> web.Response:
+        await self.release.wait()
+        return web.json_response({})
+
+
+def _available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _one(make, endpoint: Endpoint, who: str) -> tuple[float, str]:
+    async with make() as box:
+        launch = AgentLaunch(argv=(sys.executable, "-c", AGENT, who), cwd=box.workspace,
+                             env={"OPENAI_BASE_URL": f"http://127.0.0.1:{endpoint.port}/v1"})
+        started = time.perf_counter()
+        result = await box.run(launch, limits=RunLimits(wall_s=120, idle_s=None))
+    return started, result.outcome + (f" {result.exit_code}" if result.exit_code else "")
+
+
+async def measure(name: str, make, endpoint: Endpoint, runs: int, concurrent: list[int]) -> dict:
+    endpoint.release.set()
+    latencies = []
+    for i in range(runs):
+        who = f"{name}-cold-{i}"
+        started, outcome = await _one(make, endpoint, who)
+        if who not in endpoint.arrived:
+            raise RuntimeError(f"{name}: the agent never reached its endpoint ({outcome})")
+        latencies.append((endpoint.arrived[who] - started) * 1000)
+    latencies.sort()
+    report = {"cold_ms_p50": round(statistics.median(latencies), 1),
+              "cold_ms_p90": round(latencies[int(0.9 * (len(latencies) - 1))], 1),
+              "cold_ms_max": round(latencies[-1], 1), "concurrent": {}}
+    for n in concurrent:
+        endpoint.release.clear()
+        before = _available_mib()
+        started = time.perf_counter()
+        tasks = [asyncio.create_task(_one(make, endpoint, f"{name}-{n}-{i}")) for i in range(n)]
+        names = [f"{name}-{n}-{i}" for i in range(n)]
+        deadline = time.monotonic() + 120
+        while not all(w in endpoint.arrived for w in names) and time.monotonic() < deadline:
+            if any(t.done() for t in tasks):
+                break
+            await asyncio.sleep(0.05)
+        up = sum(w in endpoint.arrived for w in names)
+        during = _available_mib()
+        last = max((endpoint.arrived[w] for w in names if w in endpoint.arrived), default=started)
+        endpoint.release.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        report["concurrent"][n] = {"all_up": up == n, "up": up, "last_first_request_s": round(last - started, 2),
+                                   "memory_mib_per_sandbox": round((before - during) / max(up, 1), 1)}
+    return report
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    endpoint = Endpoint()
+    app = web.Application()
+    app.router.add_get("/v1/models", endpoint.models)
+    app.router.add_get("/v1/wait", endpoint.wait)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    endpoint.port = runner.addresses[0][1]
+    backends = {"local": LocalSandbox}
+    if (reason := namespaces_unavailable()) is None:
+        backends["namespace"] = lambda: NamespaceSandbox(endpoint=("127.0.0.1", endpoint.port))
+    else:
+        print(f"namespace: skipped ({reason})")
+    try:
+        return {name: await measure(name, make, endpoint, args.runs, args.concurrent) for name, make in backends.items()}
+    finally:
+        await runner.cleanup()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--concurrent", type=int, nargs="*", default=[8, 16, 32])
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    results = asyncio.run(main_async(args))
+    print(f"{'backend':<10} {'cold p50 ms':>11} {'p90':>7} {'max':>7}   concurrent: up/N, last first request, MiB each")
+    for name, r in results.items():
+        cells = "  ".join(f"{n}: {c['up']}/{n} {c['last_first_request_s']}s {c['memory_mib_per_sandbox']}"
+                          for n, c in r["concurrent"].items())
+        print(f"{name:<10} {r['cold_ms_p50']:>11} {r['cold_ms_p90']:>7} {r['cold_ms_max']:>7}   {cells}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
