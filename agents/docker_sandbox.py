@@ -1,0 +1,281 @@
+"""A sandbox whose agent runs in a Docker container of the task's image, reaching nothing but its model endpoint.
+
+    async with DockerSandbox(image="interceptor/debian-python:bookworm", endpoint=("127.0.0.1", server_port)) as box:
+        ...same use as LocalSandbox: box.workspace, box.home, box.bin_dir, await box.run(launch, limits=...)...
+
+For tasks that come with an image (SWE-Gym ships one per instance). Each `run` (and so each `exec`) is one
+`docker run --rm` of `image`, named per run and labelled `interceptor.sandbox=1`:
+- the rollout's directory (workspace, home, bin, tmp) bind-mounted writable at the same path, so the launch's paths
+  stay valid; `mounts` (agent binaries: `~/.cache/interceptor/agents`, `/usr/bin/node`) bound read-only at the same
+  path; nothing else of the host, and nothing of other rollouts;
+- `--network none`: loopback only. The model endpoint's port on 127.0.0.1 is forwarded to the host's interception
+  server through a Unix socket in the rollout's directory (`agents.netbridge`, as in `agents.namespace_sandbox`),
+  so every other port, the host's included, is closed. The in-container half of the bridge runs on the image's
+  `python` (3.11 or later: it uses `asyncio.TaskGroup`); an image without one runs with `endpoint` unset (no network
+  at all), or gets one through `mounts` and `python=`;
+- the host user's uid:gid, all capabilities dropped, `no-new-privileges`, `--init` (tini as PID 1 reaps orphans;
+  when the agent exits, the container and every process left in it end), optional CPU/memory/pids limits;
+- the environment passed as `-e KEY` with the value in the docker client's environment, so no value (the secret
+  included) is in an argv; PATH is `bin_dir` then the image's own PATH (a launch that sets PATH keeps its own).
+
+`argv[0]` is looked up in the image, not on the host. The limits, idle watchdog and output tails are
+`LocalSandbox`'s, applied to the docker client: SIGTERM reaches the agent through the client's signal proxy, then the
+grace period, then SIGKILL. Whatever the outcome (cancellation included), the container is then removed with
+`docker rm -f`, which ends all its processes. A trainer killed outright leaves containers behind: they carry the
+label, and `remove_stale_containers()` removes them.
+
+What an image needs: `/bin/sh` (set-up and graders run through `exec`), python 3.11+ for the bridge, and what the
+task runs. Pi runs from the host with `mounts=(its package directory, the node binary)` in a glibc image (tested on
+Debian bookworm); the SWE loader's default test command is the host's `sys.executable`, so grading in an image
+without the project's Python also needs `sys.prefix` and `sys.base_prefix` mounted. Images are never pulled.
+A run costs a container start: about 0.25 s for `exec("true")` here, against 0.04 s in a namespace sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Self
+
+from . import netbridge
+from .errors import AgentConfigError
+from .namespace_sandbox import SandboxUnavailable, _endpoint_of, _on_loopback
+from .sandbox import LocalSandbox, LocalSandboxConfig, RunLimits, RunResult
+from .spec import AgentLaunch
+
+__all__ = ["ContainerLimits", "DockerSandbox", "docker_unavailable", "remove_stale_containers"]
+
+LABEL = "interceptor.sandbox"
+_BRIDGE_IN_CONTAINER = "/opt/interceptor/netbridge.py"  # netbridge.py, bound read-only
+_SOCKET_NAME = "model.sock"
+_LOOPBACK = "127.0.0.1"
+_ANY_HOST = ("", "0.0.0.0", "::")
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # an image that sets none
+# The docker client's own settings, taken from our environment; an agent variable of the same name is refused.
+_CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
+_PROBE_S = 20.0  # `docker info` / `image inspect`; a daemon slower than that is as good as absent
+_REMOVE_S = 30.0  # `docker rm -f` of one container (SIGKILL, then the layer's removal)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContainerLimits:
+    """Per-container resource limits (cgroups, enforced by the daemon); None leaves one unlimited."""
+
+    cpus: float | None = None
+    memory_bytes: int | None = None
+    pids: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "memory_bytes", "pids"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise AgentConfigError(f"{name} must be positive (or None)")
+
+    def args(self) -> list[str]:
+        args = []
+        if self.cpus is not None:
+            args += ["--cpus", f"{self.cpus:g}"]
+        if self.memory_bytes is not None:
+            args += ["--memory", str(self.memory_bytes), "--memory-swap", str(self.memory_bytes)]
+        if self.pids is not None:
+            args += ["--pids-limit", str(self.pids)]
+        return args
+
+
+@functools.cache
+def docker_unavailable(docker: str = "docker") -> str | None:
+    """Why no container can be started here (no client, or no daemon answering it), or None. Probed once."""
+    path = shutil.which(docker)
+    if path is None:
+        return f"{docker} is not installed (scripts/setup-docker.sh installs docker.io and starts a daemon)"
+    try:
+        done = subprocess.run([path, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                              timeout=_PROBE_S, check=False, env=_client_env())  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{docker} info failed: {exc}"
+    if done.returncode != 0:
+        return f"no Docker daemon answers ({docker} info): {(done.stderr or done.stdout).strip()}"
+    return None
+
+
+def remove_stale_containers(docker: str = "docker") -> list[str]:
+    """Remove every sandbox container (by label) still there, e.g. after a trainer was killed; returns their names.
+    Only for a machine where no other trainer is running sandboxes at the same time."""
+    path = shutil.which(docker) or docker
+    listing = [path, "ps", "--all", "--filter", f"label={LABEL}", "--format", "{{.Names}}"]
+    listed = subprocess.run(listing, capture_output=True, text=True, timeout=_PROBE_S, check=True, env=_client_env())
+    names = listed.stdout.split()
+    if names:
+        subprocess.run([path, "rm", "-f", *names], capture_output=True, timeout=_REMOVE_S, check=False,
+                       env=_client_env())  # fmt: skip
+    return names
+
+
+class DockerSandbox(LocalSandbox):
+    def __init__(
+        self,
+        config: LocalSandboxConfig | None = None,
+        *,
+        image: str,
+        endpoint: tuple[str, int] | None = None,
+        mounts: Sequence[Path] = (),
+        python: str = "python3",
+        limits: ContainerLimits | None = None,
+        docker: str = "docker",
+    ) -> None:
+        if not image:
+            raise AgentConfigError("image is empty")
+        super().__init__(config)
+        self.image = image
+        self.endpoint = endpoint
+        self.mounts = tuple(Path(path).resolve() for path in mounts)
+        for path in (*self.mounts, Path(netbridge.__file__)):
+            _check_mountable(path)
+        self.python = python
+        self.container_limits = limits or ContainerLimits()
+        self.docker = docker
+        self._image_path = _DEFAULT_PATH
+        self._container: _Container | None = None  # the run in progress
+
+    async def __aenter__(self) -> Self:
+        reason = docker_unavailable(self.docker)
+        if reason is not None:
+            raise SandboxUnavailable(reason)
+        self._image_path = await _image_path(self._client(), self.image)
+        entered = await super().__aenter__()
+        _check_mountable(self.root)
+        return entered
+
+    async def run(
+        self,
+        launch: AgentLaunch,
+        *,
+        limits: RunLimits,
+        activity: Callable[[], float] | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> RunResult:
+        if clash := set(launch.env) & set(_CLIENT_ENV):
+            raise AgentConfigError(f"the docker client reads {sorted(clash)} itself: rename the agent's variables")
+        endpoint = self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
+        container = _Container(name=f"interceptor-{secrets.token_hex(8)}", argv=launch.argv,
+                               port=endpoint[1] if endpoint else None, own_path="PATH" in launch.env)  # fmt: skip
+        # LocalSandbox looks argv[0] up on the host; the program started there is the docker client, and _wrap puts
+        # the agent's own argv (looked up in the image) back.
+        host_launch = dataclasses.replace(launch, argv=(self._client(), *launch.argv[1:]))
+        self._container = container
+        try:
+            if endpoint is None:
+                return await super().run(host_launch, limits=limits, activity=activity, stop=stop)
+            host, port = endpoint
+            target = (_LOOPBACK if host in _ANY_HOST else host, port)
+            async with netbridge.UnixBridge(self.root / _SOCKET_NAME, endpoint=target):
+                return await super().run(host_launch, limits=limits, activity=activity, stop=stop)
+        finally:
+            self._container = None
+            # Shielded: a cancelled run still removes its container (the removal goes on if we are cancelled again).
+            await asyncio.shield(self._remove(container.name))
+
+    def _wrap(self, launch: AgentLaunch, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        container = self._container
+        assert container is not None, "_wrap outside run"
+        env = dict(env)
+        if not container.own_path:
+            env["PATH"] = f"{self.bin_dir}:{self._image_path}"
+        if container.port is not None and "OPENAI_BASE_URL" in env:
+            env["OPENAI_BASE_URL"] = _on_loopback(env["OPENAI_BASE_URL"])
+        command = [
+            self._client(), "run", "--rm",
+            "--name", container.name,
+            "--label", f"{LABEL}=1",
+            "--init",  # tini as PID 1: orphans reaped; the container (all of it) ends when the agent does
+            "--network", "none",
+            "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges",
+            "--user", f"{os.getuid()}:{os.getgid()}",  # files in the workspace stay the host user's
+            "--hostname", "sandbox",
+            "--workdir", str(launch.cwd),
+            "--mount", _bind(self.root, readonly=False),
+            *(arg for path in self.mounts for arg in ("--mount", _bind(path, readonly=True))),
+            *self.container_limits.args(),
+            *(arg for key in env for arg in ("-e", key)),  # the value from the client's environment, not argv
+        ]  # fmt: skip
+        if launch.stdin is not None:
+            command.append("--interactive")
+        if container.port is not None:
+            bridge = Path(netbridge.__file__).resolve()
+            command += ["--mount", f"type=bind,src={bridge},dst={_BRIDGE_IN_CONTAINER},readonly"]
+        command += ["--", self.image]
+        if container.port is not None:
+            command += [self.python, "-I", _BRIDGE_IN_CONTAINER, "--port", str(container.port)]
+            command += ["--unix", str(self.root / _SOCKET_NAME), "--"]
+        command += container.argv
+        return command, {**env, **_client_env()}
+
+    async def _remove(self, name: str) -> None:
+        """`docker rm -f`: SIGKILL to everything in the container, then its removal. Gone already is fine."""
+        process = await asyncio.create_subprocess_exec(
+            self._client(), "rm", "-f", name, env=_client_env(),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            await asyncio.wait_for(process.wait(), _REMOVE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+
+    def _client(self) -> str:
+        return shutil.which(self.docker) or self.docker
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Container:
+    name: str
+    argv: tuple[str, ...]  # the agent's, run in the image
+    port: int | None  # the model endpoint's port, forwarded inside; None: no network at all
+    own_path: bool  # the launch sets PATH itself
+
+
+def _client_env() -> dict[str, str]:
+    # The one place this module reads the host environment: how the docker client finds its daemon. (The client is
+    # started by its absolute path, and its PATH is the agent's.)
+    return {key: os.environ[key] for key in _CLIENT_ENV if key in os.environ}
+
+
+async def _image_path(docker: str, image: str) -> str:
+    """The image's PATH (e.g. a SWE image's conda bin first); SandboxUnavailable when the image is not here."""
+    process = await asyncio.create_subprocess_exec(
+        docker, "image", "inspect", "--format", "{{json .Config.Env}}", image, env=_client_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), _PROBE_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise SandboxUnavailable(f"docker image inspect {image} did not answer in {_PROBE_S:g} s") from None
+    if process.returncode != 0:
+        raise SandboxUnavailable(f"image {image} is not available (images are not pulled): {err.decode().strip()}")
+    for item in json.loads(out) or ():
+        key, _, value = item.partition("=")
+        if key == "PATH" and value:
+            return value
+    return _DEFAULT_PATH
+
+
+def _bind(path: Path, *, readonly: bool) -> str:
+    return f"type=bind,src={path},dst={path}" + (",readonly" if readonly else "")
+
+
+def _check_mountable(path: Path) -> None:
+    if "," in str(path) or "=" in str(path):
+        raise AgentConfigError(f"cannot bind-mount {path}: ',' and '=' are separators of docker's --mount")
