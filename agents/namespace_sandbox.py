@@ -92,7 +92,10 @@ class NamespaceSandbox(LocalSandbox):
         *,
         endpoint: tuple[str, int] | None = None,
         bwrap: str = "bwrap",
+        hidden: tuple[Path, ...] = (),
     ) -> None:
+        """`hidden`: host directories the agent must not see (the server's record and journal directory: other
+        rollouts' trajectories), each replaced by an empty tmpfs unless it holds something the sandbox needs."""
         config = config or LocalSandboxConfig()
         parent = (config.parent_dir or default_parent_dir()).resolve()
         for needed in (Path(sys.executable).resolve(), _BRIDGE.resolve(), Path(proctree.__file__).resolve()):
@@ -101,6 +104,10 @@ class NamespaceSandbox(LocalSandbox):
         super().__init__(dataclasses.replace(config, parent_dir=parent))
         self.endpoint = endpoint
         self.bwrap = bwrap
+        needed = _needed_paths()
+        self.hidden = tuple(
+            h for h in (Path(p).resolve() for p in hidden) if not any(n.is_relative_to(h) for n in needed)
+        )
         self._port: int | None = None  # the forwarded port of the run in progress
 
     async def __aenter__(self) -> Self:
@@ -147,6 +154,9 @@ class NamespaceSandbox(LocalSandbox):
             "--proc", "/proc",
             "--dev", "/dev",
             "--tmpfs", "/tmp",
+            # ... but what the sandbox runs from, when it lives under /tmp (a clone, a venv), read-only again
+            *[arg for path in _needed_paths() if path.is_relative_to("/tmp") for arg in ("--ro-bind", str(path), str(path))],
+            *[arg for path in self.hidden for arg in ("--tmpfs", str(path))],  # e.g. other rollouts' records
             "--tmpfs", str(parent),  # every rollout's directory hidden (a no-op twice over when under /tmp) ...
             "--bind", str(self.root), str(self.root),  # ... but this one's, writable at the same path
             "--chdir", str(launch.cwd),
@@ -158,6 +168,14 @@ class NamespaceSandbox(LocalSandbox):
             if "OPENAI_BASE_URL" in env:
                 env = {**env, "OPENAI_BASE_URL": _on_loopback(env["OPENAI_BASE_URL"])}
         return [*command, *argv], env
+
+
+@functools.cache
+def _needed_paths() -> tuple[Path, ...]:
+    """Host paths the sandbox runs from: this interpreter and its base, and the project (the process-tree shim and
+    the network bridge are run from it)."""
+    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parent.parent}
+    return tuple(sorted(p.resolve() for p in candidates if p.exists()))
 
 
 def _endpoint_of(base_url: str | None) -> tuple[str, int] | None:

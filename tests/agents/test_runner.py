@@ -167,3 +167,23 @@ async def test_a_sandbox_backend_that_keeps_failing_is_paused_instead_of_burning
     assert [r.failure.cause for r in failed] == ["sandbox", "sandbox"]  # the threshold, not all five
     assert [r.reward for r in records if r.status == "ok"] == [1.0, 1.0, 1.0]
     assert any(e["kind"] == "sandbox_circuit_waited" for r in records for e in r.events)
+
+
+async def test_a_rollout_in_the_default_sandbox_cannot_read_the_records_of_the_others(scripted, tiny_model_dir):
+    import tempfile
+
+    from agents.namespace_sandbox import namespaces_unavailable
+
+    if reason := namespaces_unavailable():
+        pytest.skip(reason)
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as records:  # outside /tmp, which sandboxes never see
+        record_path = Path(records) / "rollouts.jsonl"
+        config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url, attempts=1),
+                              model_dir=tiny_model_dir, record_path=record_path)
+        async with InterceptionServer(config) as server:
+            server.open_rollout()  # a live rollout: its turns go to the journal beside the records
+            peek = CommandAgent(argv=("/bin/sh", "-c", f"cat {record_path}* > seen.txt 2>/dev/null; exit 0"))
+            graded = task(grader={"kind": "command", "command": "test -s seen.txt"})
+            (record,) = await Runner(server, RunnerConfig(agent=peek)).run_tasks([graded], n=1)
+            assert list(Path(records).glob("rollouts.jsonl.journal.*")), "the journal is there on the host"
+    assert record.status == "ok" and record.reward == 0.0  # seen.txt is empty: the records were not visible
