@@ -8,7 +8,8 @@ The "agent" is `python3 -c` that sends one HTTP request to its `OPENAI_BASE_URL`
 request latency (p50, p90, max over `--runs` sequential cold starts: every sandbox is made anew, as a rollout's
 is), and for each `--concurrent` N: whether N sandboxes all reached their endpoint at once, the wall time for the
 N-th first request, and the memory they took (system `MemAvailable` before and while all are up). The namespace
-backend is skipped where bubblewrap cannot make namespaces; there is no warm pool yet, so only cold starts.
+backend is skipped where bubblewrap cannot make namespaces, the Docker one where no daemon answers; there is no
+warm pool yet, so only cold starts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web  # noqa: E402
 
+from agents.docker_sandbox import DockerSandbox, docker_unavailable  # noqa: E402
 from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable  # noqa: E402
 from agents.sandbox import LocalSandbox, RunLimits  # noqa: E402
 from agents.spec import AgentLaunch  # noqa: E402
@@ -62,7 +64,8 @@ def _available_mib() -> float:
 
 async def _one(make, endpoint: Endpoint, who: str) -> tuple[float, str]:
     async with make() as box:
-        launch = AgentLaunch(argv=(sys.executable, "-c", AGENT, who), cwd=box.workspace,
+        python = "python3" if isinstance(box, DockerSandbox) else sys.executable  # the image's own python
+        launch = AgentLaunch(argv=(python, "-c", AGENT, who), cwd=box.workspace,
                              env={"OPENAI_BASE_URL": f"http://127.0.0.1:{endpoint.port}/v1"})
         started = time.perf_counter()
         result = await box.run(launch, limits=RunLimits(wall_s=120, idle_s=None))
@@ -118,6 +121,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         backends["namespace"] = lambda: NamespaceSandbox(endpoint=("127.0.0.1", endpoint.port))
     else:
         print(f"namespace: skipped ({reason})")
+    if (reason := docker_unavailable()) is None:
+        backends["docker"] = lambda: DockerSandbox(image=args.image, endpoint=("127.0.0.1", endpoint.port))
+    else:
+        print(f"docker: skipped ({reason})")
     try:
         return {name: await measure(name, make, endpoint, args.runs, args.concurrent) for name, make in backends.items()}
     finally:
@@ -128,6 +135,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--concurrent", type=int, nargs="*", default=[8, 16, 32])
+    parser.add_argument("--image", default="interceptor/debian-python:bookworm",
+                        help="the Docker backend's image (scripts/setup-docker.sh builds this one offline)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
