@@ -102,7 +102,9 @@ def test_a_build_killed_during_training_is_never_served_and_is_cleaned_up(tmp_pa
         deadline = time.monotonic() + 120
         # The random model is written and marked in the build directory: training has started, or is about to.
         while not list(tmp_path.glob(f".model.building-{child.pid}-*/{MARKER}")):
-            assert child.poll() is None and time.monotonic() < deadline, "the build did not start training"
+            assert child.poll() is None, "the build exited before it started training"
+            if time.monotonic() > deadline:
+                pytest.fail("the build did not start training within its bound")
             time.sleep(0.05)
         time.sleep(0.5)
     finally:

@@ -1,0 +1,282 @@
+"""The episodes the tool-calling model is trained on (`trainer.tool_model`): synthetic tasks and agents' real
+prompts, rendered with the model's own chat template into token ids and a mask of the tokens to learn.
+
+An episode is a task that asks for a number, the assistant's `bash` call `answer N`, the tool's response and
+`Done.`; a request without tools (OpenCode's title request) gets a short text. Steps pack episodes into rows, and
+now and then add episodes behind one agent's captured first request (its system prompt and tools).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .tool_model import ToolTrainingSpec
+
+__all__ = ["BASH_TOOL", "DONE_TEXT", "TITLE_TEXT", "EpisodeMaker", "Episode", "Step", "answer_call"]
+
+DONE_TEXT = "Done."
+TITLE_TEXT = "Submit the answer"  # what a request without tools (OpenCode's title request) gets
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Execute a shell command and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The command to run."}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+def answer_call(number: int | str, *, tool: str = "bash", argument: str = "command") -> str:
+    """The text of the tool call the trained model is taught to emit (without the end-of-turn token)."""
+    call = {"name": tool, "arguments": {argument: f"answer {number}"}}
+    return "<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"
+
+
+
+_TASKS = (
+    "Submit the answer {n}.",
+    "Please submit the answer {n}.",
+    "Submit the answer {n} and stop.",
+    "Your job: submit the answer {n} using the shell.",
+    "Use the shell to submit the answer {n}, then you are done.",
+    "The result is known. Submit the answer {n}.",
+    "Run the answer command to submit the answer {n}.",
+    "Task: submit the answer {n}",
+    "submit the answer {n} please",
+    "The answer is {n}. Submit the answer {n} now.",
+    "Submit the answer {n} with the answer command.",
+)
+_DISTRACTIONS = (
+    "There are {m} files in the repository.",
+    "This is attempt {m}.",
+    "The build took {m} seconds.",
+    "Ignore issue {m} for now.",
+    "Be brief.",
+    "Work in the current directory.",
+    "Do not ask questions.",
+)
+_SHORT_SYSTEMS = (
+    "You are a helpful assistant.",
+    "You are a coding agent. Use the tools to complete the task.",
+    "You are an expert software engineer working in a terminal. Be concise.",
+    "You are Qwen, a helpful assistant that uses tools.",
+)
+_TOOL_OUTPUTS = (
+    "", "ok", "OK", "Answer recorded.", "answer recorded: {n}", "submitted {n}", "(no output)", "{n}",
+    "bash: answer: command not found", "Exit code 0", "correct", "wrong", "received answer {n}\n",
+    "{{\"ok\": true, \"answer\": {n}}}", "Command completed with exit code 0.\n\nanswer {n}",
+)
+_FILLER_WORDS = (
+    "you are an expert coding assistant operating inside a terminal harness help users by reading files "
+    "executing commands editing code and writing new files use the available tools when needed always prefer "
+    "the simplest approach keep answers short show file paths clearly do not guess verify with tools before "
+    "answering guidelines the user may ask questions about the project structure tests build commands follow "
+    "conventions of existing code never commit secrets check your work run tests after changes respond in "
+    "markdown when useful the current working directory date platform linux shell git repository version"
+).split()
+_OTHER_TOOLS = (
+    ("read", "Read the contents of a file.", ("path",)),
+    ("write", "Write content to a file, creating it if needed.", ("path", "content")),
+    ("edit", "Replace text in a file.", ("path", "oldText", "newText")),
+    ("ls", "List a directory.", ("path",)),
+    ("grep", "Search file contents with a regular expression.", ("pattern", "path")),
+    ("glob", "Find files by name pattern.", ("pattern",)),
+    ("webfetch", "Fetch a URL.", ("url", "format")),
+)
+_DIGITS = re.compile(r"\d+")
+_AGENT_EPISODES_PER_STEP = 2  # they share one pass over the agent's prompt, the expensive part
+
+
+@dataclass(frozen=True)
+class Episode:
+    ids: list[int]
+    mask: list[bool]  # True on the tokens the model is taught to write
+    context: int = 0  # leading ids that are context only, run without gradient (an agent's long prompt)
+
+
+@dataclass(frozen=True)
+class Step:
+    rows: list[Episode]  # synthetic episodes packed back to back, one per row
+    agents: list[Episode]  # episodes behind one agent's real prompt (the same context ids), or none
+    episodes: int
+
+    def all(self) -> list[Episode]:
+        return self.rows + self.agents
+
+
+def _function_tool(name: str, description: str, parameters: tuple[str, ...]) -> dict:
+    properties = {p: {"type": "string"} for p in parameters}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": list(parameters)}}}
+
+
+def _load_agent_request(path: Path) -> tuple[str | None, list[dict]]:
+    """An agent's captured first request: its system prompt and its tools, which must include `bash(command)`.
+    The capture is either the request body or `{"request": body, ...}`."""
+    from interceptor.protocol import normalize_messages
+
+    body = json.loads(Path(path).read_text(encoding="utf-8"))
+    body = body.get("request", body)
+    messages = normalize_messages(body["messages"])
+    tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
+    bash = next((t for t in tools if t.get("function", {}).get("name") == "bash"), None)
+    if bash is None or "command" not in bash["function"].get("parameters", {}).get("properties", {}):
+        raise ValueError(f"{path}: the request's tools have no bash tool with a command argument")
+    system = next((m["content"] for m in messages if m["role"] == "system"), None)
+    return system, tools
+
+
+class EpisodeMaker:
+    """Draws two-turn episodes and encodes them as (token ids, target mask) with the model's chat template."""
+
+    def __init__(self, tokenizer, spec: ToolTrainingSpec) -> None:
+        self._tokenizer = tokenizer
+        self._spec = spec
+        self._rng = random.Random(spec.seed)
+        self._agents = [_load_agent_request(p) for p in spec.agent_requests]
+        self._end = tokenizer.eos_token  # <|im_end|>
+        self._pending: list[Episode] = []
+        self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
+        # Words that may follow the number: any vocabulary entry without digits, so that the model learns to stop
+        # at "not a digit" rather than at a few words it has seen.
+        self._words = [w for w in (tokenizer.decode([i]) for i in range(min(len(tokenizer), 60000), 0, -97))
+                       if w.strip() and not any(c.isdigit() or c in "<>{}" for c in w)]
+
+    def vocabulary(self) -> set[int]:
+        """Tokens the model should be able to write even if this run's episodes happen not to use them."""
+        text = " ".join([*"0123456789", DONE_TEXT, TITLE_TEXT, answer_call(0), self._end])
+        return set(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def step(self) -> Step:
+        """Episodes for one step: rows of about `row_tokens` packed back to back (earlier episodes are just more
+        context for later ones, like a long system prompt), about `tokens_per_step` in all; and, at
+        `agent_request_rate`, a few episodes behind one agent's real prompt."""
+        spec = self._spec
+        rows: list[Episode] = []
+        count = 0
+        while sum(len(row.ids) for row in rows) < spec.tokens_per_step:
+            ids: list[int] = []
+            mask: list[bool] = []
+            while len(ids) < spec.row_tokens:
+                episode = self._pending.pop() if self._pending else self._episode(self._context())
+                if ids and len(ids) + len(episode.ids) > spec.row_tokens:
+                    self._pending.append(episode)
+                    break
+                ids += episode.ids
+                mask += episode.mask
+                count += 1
+            rows.append(Episode(ids=ids, mask=mask))
+        agents: list[Episode] = []
+        if self._agents and self._rng.random() < spec.agent_request_rate:
+            system, tools = self._rng.choice(self._agents)
+            # Dates, paths and counts in a real system prompt change from run to run.
+            system = _DIGITS.sub(lambda m: self._digits(len(m.group())), system or "") or None
+            agents = [self._episode((system, tools)) for _ in range(_AGENT_EPISODES_PER_STEP)]
+            if len({tuple(episode.ids[:episode.context]) for episode in agents}) != 1:
+                raise ValueError("an agent's prompt did not encode to the same context ids twice")
+        return Step(rows=rows, agents=agents, episodes=count + len(agents))
+
+    def _episode(self, context: tuple[str | None, list[dict]]) -> Episode:
+        rng = self._rng
+        system, tools = context
+        n = self._number()
+        head = ([{"role": "system", "content": system}] if system else []) + [self._task(n)]
+        if not tools:
+            return self._encode([(self._render(head, None), False), (TITLE_TEXT + self._end, True)])
+        submitted = self._perturb(n) if rng.random() < self._spec.wrong_answer_rate else n
+        call = {"id": "call_0", "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"command": f"answer {submitted}"})}}
+        first = self._render(head, tools)
+        turn = answer_call(submitted) + self._end
+        full = self._render(head + [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": rng.choice(_TOOL_OUTPUTS).format(n=submitted)},
+        ], tools)
+        if not full.startswith(first + turn):
+            raise ValueError("the chat template does not render the assistant's tool call as the model emits it")
+        prompt = first.rindex("<|im_start|>user")  # what comes before the task is context
+        return self._encode([(first[:prompt], None), (first[prompt:], False), (turn, True),
+                             (full[len(first + turn):], False), (DONE_TEXT + self._end, True)])
+
+    def _context(self) -> tuple[str | None, list[dict]]:
+        rng, spec = self._rng, self._spec
+        tools = [BASH_TOOL]
+        if rng.random() < 0.6:
+            tools = tools + [_function_tool(*t) for t in rng.sample(_OTHER_TOOLS, rng.randint(1, 4))]
+            rng.shuffle(tools)
+        if rng.random() < spec.no_tools_rate:
+            tools = []
+        if rng.random() < spec.long_prompt_rate:
+            system = self._filler(rng.randint(spec.long_prompt_tokens // 4, spec.long_prompt_tokens))
+        elif rng.random() < 0.8:
+            system = rng.choice(_SHORT_SYSTEMS)
+        else:
+            system = None
+        return system, tools
+
+    def _task(self, n: int) -> dict:
+        rng = self._rng
+        task = rng.choice(_TASKS).format(n=n)
+        if rng.random() < 0.3:
+            task = task[:task.index(str(n)) + len(str(n))] + rng.choice(("", " ", ", ", ". ")) + rng.choice(self._words)
+        parts = [task]
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            parts.insert(rng.randint(0, len(parts)), rng.choice(_DISTRACTIONS).format(m=self._number()))
+        return {"role": "user", "content": " ".join(parts)}
+
+    def _number(self) -> int:
+        return int(self._digits(self._rng.choice((1, 2, 2, 3, 3, 3, 4, 4, 5, 6))))
+
+    def _digits(self, count: int) -> str:
+        first = self._rng.choice("123456789") if count > 1 else self._rng.choice("0123456789")
+        return first + "".join(self._rng.choice("0123456789") for _ in range(count - 1))
+
+    def _perturb(self, n: int) -> int:
+        text = list(str(n))
+        i = self._rng.randrange(len(text))
+        text[i] = self._rng.choice([d for d in "0123456789" if d != text[i] and (i or d != "0" or len(text) == 1)])
+        return int("".join(text))
+
+    def _filler(self, tokens: int) -> str:
+        """About `tokens` tokens of agent-prompt-like text (counted in tokens: the small test vocabulary needs
+        several per word)."""
+        rng = self._rng
+        lines, length = [], 0
+        while length < 12 * tokens:  # enough characters for any vocabulary, cut to size below
+            sentence = [rng.choice(_FILLER_WORDS) for _ in range(rng.randint(5, 16))]
+            if rng.random() < 0.2:
+                sentence.insert(rng.randrange(len(sentence)), str(self._number()))
+            lines.append(("- " if rng.random() < 0.4 else "") + " ".join(sentence).capitalize() + ".")
+            length += len(lines[-1]) + 1
+        ids = self._tokenizer.encode("\n".join(lines), add_special_tokens=False)[:tokens]
+        return self._tokenizer.decode(ids)
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
+        return self._tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+        )
+
+    def _encode(self, pieces: list[tuple[str, bool | None]]) -> Episode:
+        """Pieces of text: targets (True), prompt (False), or context (None: prompt run without gradient, only
+        honoured at the start). Every piece starts right after a special token or is one, so encoding them apart
+        gives the ids that encoding the whole text would."""
+        ids: list[int] = []
+        mask: list[bool] = []
+        context = 0
+        for text, target in pieces:
+            encoded = self._tokenizer.encode(text, add_special_tokens=False)
+            if target is None and len(ids) == context:
+                context += len(encoded)
+            ids += encoded
+            mask += [bool(target)] * len(encoded)
+        return Episode(ids=ids, mask=mask, context=context)
