@@ -16,10 +16,11 @@ import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from .errors import AgentConfigError, AgentNotInstalled
-from .spec import AgentLaunch, AgentRollout
+from .spec import AgentLaunch, AgentRollout, program_paths
 
 __all__ = ["CommandAgent"]
 
@@ -60,5 +61,10 @@ class CommandAgent:
             cwd=rollout.workspace,
             stdin=rollout.instruction.encode() if self.instruction_on_stdin else None,
             secrets=(rollout.secret,),
+            host_paths=(*program_paths(argv[0]), *_host_files(argv[1:])),
         )
 
+
+def _host_files(args) -> tuple[Path, ...]:
+    """Arguments that name a file of the host by absolute path (a script the program runs)."""
+    return tuple(Path(a).resolve() for a in args if a.startswith("/") and Path(a).exists())

@@ -204,7 +204,7 @@ class DockerSandbox(LocalSandbox):
             "--hostname", "sandbox",
             "--workdir", str(launch.cwd),
             "--mount", _bind(self.root, readonly=False),
-            *(arg for path in self.mounts for arg in ("--mount", _bind(path, readonly=True))),
+            *(arg for path in self._mounts_for(launch) for arg in ("--mount", _bind(path, readonly=True))),
             *self.container_limits.args(),
             *(arg for key in env for arg in ("-e", key)),  # the value from the client's environment, not argv
         ]  # fmt: skip
@@ -219,6 +219,17 @@ class DockerSandbox(LocalSandbox):
             command += ["--unix", str(self.root / _SOCKET_NAME), "--"]
         command += container.argv
         return command, {**env, **_client_env()}
+
+    def _mounts_for(self, launch: AgentLaunch) -> list[Path]:
+        """The sandbox's own read-only mounts and what the program runs from on the host (`launch.host_paths`),
+        minus anything inside the rollout's directory (mounted writable already) or under another mount."""
+        paths = sorted({*self.mounts, *(Path(p).resolve() for p in launch.host_paths)}, key=lambda p: len(p.parts))
+        kept: list[Path] = []
+        for path in paths:
+            if path.exists() and not path.is_relative_to(self.root) and not any(path.is_relative_to(k) for k in kept):
+                _check_mountable(path)
+                kept.append(path)
+        return kept
 
     async def _remove(self, name: str) -> None:
         """`docker rm -f`: SIGKILL to everything in the container, then its removal. Gone already is fine."""

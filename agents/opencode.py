@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from .packages import OPENCODE, find_binary
-from .spec import AgentLaunch, AgentRollout, check_provider, write_private_json
+from .spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
 
 __all__ = ["OpenCodeAgent"]
 
@@ -112,6 +112,7 @@ class OpenCodeAgent:
             stdin=rollout.instruction.encode(),
             files_written=tuple(written),
             secrets=(rollout.secret,),
+            host_paths=program_paths(binary),
         )
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from .packages import PI, find_binary
-from .spec import AgentLaunch, AgentRollout, check_provider, write_private_json
+from .spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
 
 __all__ = ["PiAgent"]
 
@@ -97,4 +97,5 @@ class PiAgent:
             stdin=rollout.instruction.encode(),
             files_written=written,
             secrets=(rollout.secret,),
+            host_paths=program_paths(binary),
         )

@@ -9,8 +9,10 @@ command) -> start the agent with its own rollout URL and secret -> wait for it u
 idle limits (idle = no request reaches the server) -> grade (the answer on the host; test commands inside the
 sandbox) -> finish the rollout (on disk before it is reported).
 
-The sandbox: `RunnerConfig.sandbox`, or by default a `NamespaceSandbox` reaching only the server where this
-machine can make one (Linux with bubblewrap), else a `LocalSandbox` (same user, no isolation: a warning says so).
+The sandbox: `RunnerConfig.sandbox`; else, for a task with an `image`, a `DockerSandbox` of that image (a task
+whose image cannot be run fails with cause `sandbox`: it is never run somewhere else); else a `NamespaceSandbox`
+reaching only the server where this machine can make one (Linux with bubblewrap), else a `LocalSandbox` (same
+user, no isolation: a warning says so).
 
 A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
 installed), `sandbox` (set-up failed), `upstream` (its last chat call failed upstream), `grader` (the grader could
@@ -24,6 +26,7 @@ import asyncio
 import functools
 import logging
 import shutil
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -40,13 +43,15 @@ from .errors import AgentError
 from .graders import GraderFailed, grade
 from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
 from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
-from .spec import AgentRollout, AgentSpec
+from .spec import AgentRollout, AgentSpec, program_paths
 from .tasks import Task
 
 __all__ = ["Runner", "RunnerConfig", "namespace_sandbox_for"]
 
 log = logging.getLogger("agents.runner")
 
+# What set-up and test commands may run from the host in a container: this Python (SWE tests run with it).
+_GRADER_PATHS = program_paths(sys.executable)
 _OUTPUT_KEPT = 4000  # characters of the agent's output tail kept in a failed rollout's record
 
 
@@ -82,7 +87,7 @@ class Runner:
         self.config = config
         self._slots = asyncio.Semaphore(config.concurrency)
         self._on_finished = on_finished
-        self._sandbox = config.sandbox or _default_sandbox(server)
+        self._default_sandbox = config.sandbox or _default_sandbox(server)
         self.breaker = CircuitBreaker(config.breaker)
 
     async def run_tasks(self, tasks: Sequence[Task], *, n: int = 1) -> list[RolloutRecord]:
@@ -131,7 +136,7 @@ class Runner:
             if waited := await self.breaker.admit():
                 rollout.note("sandbox_circuit_waited", seconds=round(waited, 3))
             try:
-                box = await stack.enter_async_context(self._sandbox())
+                box = await stack.enter_async_context(self._sandbox_for(task))
             except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, namespaces refused)
                 self.breaker.failed(str(exc))
                 raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
@@ -159,10 +164,19 @@ class Runner:
             _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
             try:
                 graded = await grade(task, answer=rollout.answer, answered=rollout.answered, workspace=box.workspace,
-                                     exec=lambda command, timeout_s: box.exec(command, timeout_s=timeout_s))
+                                     exec=lambda command, timeout_s: box.exec(command, timeout_s=timeout_s,
+                                                                             host_paths=_GRADER_PATHS))
             except GraderFailed as exc:
                 raise _Failed("grader", str(exc)) from exc
             return graded.reward, graded.detail
+
+    def _sandbox_for(self, task: Task) -> Sandbox:
+        if self.config.sandbox is None and task.image is not None:
+            from .docker_sandbox import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
+
+            url = urlsplit(self.server.url)
+            return DockerSandbox(image=task.image, endpoint=(url.hostname or "127.0.0.1", url.port or 80))
+        return self._default_sandbox()
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         if task.workspace is not None:
@@ -172,7 +186,7 @@ class Runner:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
         for command in task.setup:
-            result = await box.exec(command, timeout_s=self.config.setup_timeout_s)
+            result = await box.exec(command, timeout_s=self.config.setup_timeout_s, host_paths=_GRADER_PATHS)
             if result.timed_out:
                 raise _Failed("sandbox", f"setup command timed out: {command}")
             if not result.ok:

@@ -139,8 +139,11 @@ class Sandbox(Protocol):
         stop: asyncio.Event | None = None,
     ) -> RunResult: ...
 
-    async def exec(self, command: str, *, timeout_s: float, env: dict[str, str] | None = None) -> ExecResult:
-        """Run a shell command in the workspace, inside the sandbox, as task set-up and graders do."""
+    async def exec(
+        self, command: str, *, timeout_s: float, env: dict[str, str] | None = None, host_paths: tuple[Path, ...] = ()
+    ) -> ExecResult:
+        """Run a shell command in the workspace, inside the sandbox, as task set-up and graders do (`host_paths`:
+        what it runs from on the host, for backends that do not share the host's file system)."""
         ...
 
 
@@ -247,11 +250,14 @@ class LocalSandbox:
             seconds=time.monotonic() - started,
         )
 
-    async def exec(self, command: str, *, timeout_s: float, env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(
+        self, command: str, *, timeout_s: float, env: dict[str, str] | None = None, host_paths: tuple[Path, ...] = ()
+    ) -> ExecResult:
         """Run `sh -c command` in the workspace, inside the sandbox (the same isolation, limits and reaping as the
         agent), with a combined output tail. Set-up and graders use it, so what they run is confined like the
         agent (a grader runs code the agent wrote)."""
-        launch = AgentLaunch(argv=("/bin/sh", "-c", f"exec 2>&1; {command}"), env=dict(env or {}), cwd=self.workspace)
+        launch = AgentLaunch(argv=("/bin/sh", "-c", f"exec 2>&1; {command}"), env=dict(env or {}), cwd=self.workspace,
+                             host_paths=host_paths)
         result = await self.run(launch, limits=RunLimits(wall_s=timeout_s, idle_s=None))
         if result.outcome == "exited":
             return ExecResult(exit_code=result.exit_code, output=result.stdout)

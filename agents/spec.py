@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from typing import Protocol, runtime_checkable
 
 from .errors import AgentConfigError
 
-__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "check_provider", "write_private_json"]
+__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "check_provider", "program_paths", "write_private_json"]
 
 # A bearer token's characters (RFC 6750). Anything else could be read as syntax by an agent's config loader:
 # Pi runs a value starting with "!" as a shell command and OpenCode substitutes "{env:...}".
@@ -70,6 +72,9 @@ class AgentLaunch:
     stdin: bytes | None = field(default=None, repr=False)  # written to the agent's stdin, which is then closed
     files_written: tuple[Path, ...] = ()
     secrets: tuple[str, ...] = field(default=(), repr=False)  # scrubbed from whatever the sandbox keeps
+    # Host files and directories the program runs from (its install, its interpreter). A backend that does not
+    # share the host's file system (a container) mounts them read-only at the same paths.
+    host_paths: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -90,6 +95,38 @@ class AgentSpec(Protocol):
     def name(self) -> str: ...
 
     def prepare(self, rollout: AgentRollout) -> AgentLaunch: ...
+
+
+def program_paths(*programs: str | Path) -> tuple[Path, ...]:
+    """What running these programs takes from the host: each one's resolved file (for an npm install, the whole
+    install: the directory holding its `node_modules`), the Node interpreter a JavaScript entry point needs, and
+    this Python's installation for the running interpreter."""
+    paths: list[Path] = []
+    for program in programs:
+        found = shutil.which(str(program))
+        if found is None:
+            continue
+        resolved = Path(found).resolve()
+        parts = Path(found).absolute().parts
+        if "node_modules" in parts:
+            paths.append(Path(*parts[: parts.index("node_modules")]).resolve())
+        paths.append(resolved)
+        if resolved.suffix in (".js", ".mjs", ".cjs") or _shebang_names(resolved, "node"):
+            node = shutil.which("node")
+            if node is not None:
+                paths.append(Path(node).resolve())
+        if resolved == Path(sys.executable).resolve() or _shebang_names(resolved, "python"):
+            paths += [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    return tuple(dict.fromkeys(paths))
+
+
+def _shebang_names(path: Path, interpreter: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and interpreter.encode() in first
 
 
 def check_provider(provider: str, *, context_window: int, max_tokens: int) -> None:

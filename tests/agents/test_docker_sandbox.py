@@ -279,3 +279,19 @@ async def test_pi_inside_a_container_fixes_a_swe_bug_through_the_bridge_and_earn
     assert_token_exact(record, scripted.calls)
     tool_output = next(m["content"] for t in record.trace for m in t["new_messages"] if m["role"] == "tool")
     assert tool_output.strip() == "docker-init"
+
+
+@pytest.mark.e2e
+async def test_a_task_with_an_image_runs_in_a_container_of_it_without_being_told(tasks, server, scripted):
+    """The runner's own choice: the SWE instance names an image, so the agent, the set-up and the tests run in
+    a container of it; what Pi and the grader's Python need from the host comes from the launch's host_paths."""
+    import dataclasses
+
+    pi = PiAgent(binary=require_agent(PI), context_window=MAX_MODEL_LEN)
+    task = dataclasses.replace(tasks["tiny__calc-1"], image=IMAGE)
+    scripted.script(bash_call("sed -i '2s/a - b/a + b/' calc.py && cat /proc/1/comm"), "Fixed add.")
+    async with asyncio.timeout(180):
+        (record,) = await Runner(server, RunnerConfig(agent=pi)).run_tasks([task], n=1)
+    assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events)
+    tool_output = next(m["content"] for t in record.trace for m in t["new_messages"] if m["role"] == "tool")
+    assert tool_output.strip() == "docker-init"

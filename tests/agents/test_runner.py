@@ -187,3 +187,10 @@ async def test_a_rollout_in_the_default_sandbox_cannot_read_the_records_of_the_o
             (record,) = await Runner(server, RunnerConfig(agent=peek)).run_tasks([graded], n=1)
             assert list(Path(records).glob("rollouts.jsonl.journal.*")), "the journal is there on the host"
     assert record.status == "ok" and record.reward == 0.0  # seen.txt is empty: the records were not visible
+
+
+async def test_a_task_whose_image_cannot_run_fails_with_cause_sandbox_and_is_never_run_elsewhere(server, scripted):
+    imaged = task(image="interceptor/no-such-image:never")
+    (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([imaged], n=1)
+    assert record.status == "failed" and record.failure.cause == "sandbox" and record.reward is None
+    assert scripted.calls == []  # the agent never started
