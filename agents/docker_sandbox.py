@@ -131,7 +131,11 @@ class DockerSandbox(LocalSandbox):
         python: str = "python3",
         limits: ContainerLimits | None = None,
         docker: str = "docker",
+        network: str = "model",
     ) -> None:
+        if network not in ("model", "open"):
+            raise AgentConfigError(f"network must be 'model' or 'open', not {network!r}")
+        self.network = network  # open: the host's network (--network host), for a task that says so
         if not image:
             raise AgentConfigError("image is empty")
         super().__init__(config)
@@ -165,7 +169,7 @@ class DockerSandbox(LocalSandbox):
     ) -> RunResult:
         if clash := set(launch.env) & set(_CLIENT_ENV):
             raise AgentConfigError(f"the docker client reads {sorted(clash)} itself: rename the agent's variables")
-        endpoint = self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
+        endpoint = None if self.network == "open" else self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
         container = _Container(name=f"interceptor-{secrets.token_hex(8)}", argv=launch.argv,
                                port=endpoint[1] if endpoint else None, own_path="PATH" in launch.env)  # fmt: skip
         # LocalSandbox looks argv[0] up on the host; the program started there is the docker client, and _wrap puts
@@ -197,7 +201,7 @@ class DockerSandbox(LocalSandbox):
             "--name", container.name,
             "--label", f"{LABEL}=1",
             "--init",  # tini as PID 1: orphans reaped; the container (all of it) ends when the agent does
-            "--network", "none",
+            "--network", "host" if self.network == "open" else "none",
             "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges",
             "--user", f"{os.getuid()}:{os.getgid()}",  # files in the workspace stay the host user's

@@ -93,9 +93,15 @@ class NamespaceSandbox(LocalSandbox):
         endpoint: tuple[str, int] | None = None,
         bwrap: str = "bwrap",
         hidden: tuple[Path, ...] = (),
+        network: str = "model",
     ) -> None:
         """`hidden`: host directories the agent must not see (the server's record and journal directory: other
-        rollouts' trajectories), each replaced by an empty tmpfs unless it holds something the sandbox needs."""
+        rollouts' trajectories), each replaced by an empty tmpfs unless it holds something the sandbox needs.
+        `network`: "model" (loopback and the model endpoint only) or "open" (the host's network: a task that
+        says so, e.g. one whose set-up installs packages)."""
+        if network not in ("model", "open"):
+            raise AgentConfigError(f"network must be 'model' or 'open', not {network!r}")
+        self.network = network
         config = config or LocalSandboxConfig()
         parent = (config.parent_dir or default_parent_dir()).resolve()
         for needed in (Path(sys.executable).resolve(), _BRIDGE.resolve(), Path(proctree.__file__).resolve()):
@@ -127,7 +133,7 @@ class NamespaceSandbox(LocalSandbox):
         stop: asyncio.Event | None = None,
     ) -> RunResult:
         endpoint = self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
-        if endpoint is None:
+        if endpoint is None or self.network == "open":  # an open network reaches the endpoint directly
             self._port = None
             return await super().run(launch, limits=limits, activity=activity, stop=stop)
         host, port = endpoint
@@ -144,7 +150,8 @@ class NamespaceSandbox(LocalSandbox):
         assert parent is not None
         command = [
             shutil.which(self.bwrap) or self.bwrap,
-            "--unshare-all",  # user, mount, pid, ipc, uts, cgroup and network
+            "--unshare-all",  # user, mount, pid, ipc, uts, cgroup and network ...
+            *(["--share-net"] if self.network == "open" else []),  # ... unless the task opens the network
             "--unshare-user",  # required, not just tried: without it the agent would hold our capabilities
             "--cap-drop", "ALL",
             "--die-with-parent",

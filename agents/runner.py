@@ -175,7 +175,10 @@ class Runner:
             from .docker_sandbox import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
 
             url = urlsplit(self.server.url)
-            return DockerSandbox(image=task.image, endpoint=(url.hostname or "127.0.0.1", url.port or 80))
+            return DockerSandbox(image=task.image, endpoint=(url.hostname or "127.0.0.1", url.port or 80),
+                                 network=task.network)
+        if self.config.sandbox is None and task.network == "open":
+            return self._default_sandbox(network="open")
         return self._default_sandbox()
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
@@ -194,11 +197,11 @@ class Runner:
                 raise _Failed("sandbox", f"setup command failed ({result.exit_code or result.reason}): {command}\n{tail}")
 
 
-def _default_sandbox(server: InterceptionServer) -> Callable[[], Sandbox]:
+def _default_sandbox(server: InterceptionServer) -> Callable[..., Sandbox]:
     reason = namespaces_unavailable()
     if reason is not None:
         log.warning("rollouts run in LocalSandbox, as this user with no isolation, because %s", reason)
-        return LocalSandbox
+        return lambda network="model": LocalSandbox()  # shares everything with the host: network included
     return namespace_sandbox_for(server)
 
 

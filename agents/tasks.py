@@ -8,6 +8,9 @@ A task file is JSON Lines, one task per line:
      "workspace": "relative/dir/to/copy",                                 (optional, relative to the task file)
      "setup": ["git init -q"],                                            (optional, run in the workspace first)
      "limits": {"wall_s": 300, "idle_s": 120},                            (optional)
+     "network": "model",                        (optional: "model", the default, reaches only the model endpoint;
+                                                 "open" shares the host's network, e.g. for a set-up that installs)
+     "image": "name:tag",                       (optional: run the rollout in a container of this image)
      "grader": {"kind": "answer", "expected": "5", "match": "numeric"}}
 
 Graders (`agents.graders` computes them on the host; the reward never reaches the agent):
@@ -89,11 +92,14 @@ class Task:
     workspace: Path | None = None  # a directory copied into the rollout's workspace
     setup: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
-    image: str | None = None  # a container image for backends that run one; the host's tools run it otherwise
+    image: str | None = None  # run the rollout in a container of this image (the runner picks DockerSandbox)
+    network: Literal["model", "open"] = "model"  # model: only the model endpoint; open: the host's network
 
     def __post_init__(self) -> None:
         if not self.id or not self.instruction:
             raise TaskError("a task needs an id and an instruction")
+        if self.network not in ("model", "open"):
+            raise TaskError(f"task {self.id}: network must be 'model' or 'open', not {self.network!r}")
         for name in self.files:
             path = Path(name)
             if path.is_absolute() or ".." in path.parts:
@@ -101,7 +107,7 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict, *, base_dir: Path) -> Task:
-        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image"}
+        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network"}
         unknown = set(data) - known
         if unknown:
             raise TaskError(f"unknown task fields {sorted(unknown)}")
@@ -122,6 +128,7 @@ class Task:
                 setup=tuple(data.get("setup") or ()),
                 limits=Limits(**(data.get("limits") or {})),
                 image=data.get("image"),
+                network=data.get("network", "model"),
             )
         except TypeError as exc:  # unknown keys inside grader or limits
             raise TaskError(str(exc)) from exc

@@ -194,3 +194,22 @@ async def test_a_task_whose_image_cannot_run_fails_with_cause_sandbox_and_is_nev
     (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([imaged], n=1)
     assert record.status == "failed" and record.failure.cause == "sandbox" and record.reward is None
     assert scripted.calls == []  # the agent never started
+
+
+@pytest.mark.parametrize("network", ["model", "open"])
+async def test_only_a_task_that_opens_the_network_reaches_other_host_ports(server, scripted, network):
+    import asyncio as aio
+
+    from agents.namespace_sandbox import namespaces_unavailable
+
+    if reason := namespaces_unavailable():
+        pytest.skip(reason)
+    listener = await aio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    probe = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=3).close()\n"
+             "    open('reached', 'w').write('yes')\nexcept OSError:\n    pass\n") % port
+    agent = CommandAgent(argv=(sys.executable, "-c", probe))
+    reaching = task(network=network, grader={"kind": "command", "command": "test -s reached"})
+    async with listener:
+        (record,) = await Runner(server, RunnerConfig(agent=agent)).run_tasks([reaching], n=1)
+    assert record.status == "ok" and record.reward == (1.0 if network == "open" else 0.0)
