@@ -1,4 +1,5 @@
-"""A circuit breaker for a sandbox backend: stop burning rollouts on a backend that keeps failing.
+"""A circuit breaker for a sandbox backend (the runner keeps one per backend and per task image): stop burning
+rollouts on a backend that keeps failing.
 
 After `threshold` failures in a row to make a sandbox, the circuit opens: new rollouts wait (they are not failed)
 for `cooldown_s`, then are let through again. A success closes the circuit; another failure opens it for another

@@ -88,7 +88,13 @@ class Runner:
         self._slots = asyncio.Semaphore(config.concurrency)
         self._on_finished = on_finished
         self._default_sandbox = config.sandbox or _default_sandbox(server)
-        self.breaker = CircuitBreaker(config.breaker)
+        # One circuit per backend: the default one, and each task image's (a broken image pauses only its tasks)
+        self._breakers: dict[str | None, CircuitBreaker] = {None: CircuitBreaker(config.breaker)}
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The default backend's circuit breaker."""
+        return self._breakers[None]
 
     async def run_tasks(self, tasks: Sequence[Task], *, n: int = 1) -> list[RolloutRecord]:
         """Every task `n` times (a group per task), at most `concurrency` rollouts at once."""
@@ -132,15 +138,16 @@ class Runner:
 
     async def _attempt(self, task: Task, handle) -> tuple[float, str]:
         rollout = self.server.rollout(handle.id)
+        breaker = self._breakers.setdefault(task.image, CircuitBreaker(self.config.breaker))
         async with AsyncExitStack() as stack:
-            if waited := await self.breaker.admit():
+            if waited := await breaker.admit():
                 rollout.note("sandbox_circuit_waited", seconds=round(waited, 3))
             try:
                 box = await stack.enter_async_context(self._sandbox_for(task))
             except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, namespaces refused)
-                self.breaker.failed(str(exc))
+                breaker.failed(str(exc))
                 raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
-            self.breaker.succeeded()
+            breaker.succeeded()
             await self._prepare_workspace(task, box)
             write_answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret)
             try:
