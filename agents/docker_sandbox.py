@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Self
 
 from . import netbridge
+from .cgroups import ResourceLimits
 from .errors import AgentConfigError
 from .namespace_sandbox import SandboxUnavailable, _endpoint_of, _on_loopback
 from .sandbox import LocalSandbox, LocalSandboxConfig, RunLimits, RunResult
@@ -66,29 +67,18 @@ _PROBE_S = 20.0  # `docker info` / `image inspect`; a daemon slower than that is
 _REMOVE_S = 30.0  # `docker rm -f` of one container (SIGKILL, then the layer's removal)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ContainerLimits:
-    """Per-container resource limits (cgroups, enforced by the daemon); None leaves one unlimited."""
+ContainerLimits = ResourceLimits  # the same limits as the namespace backend's, enforced by the daemon
 
-    cpus: float | None = None
-    memory_bytes: int | None = None
-    pids: int | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("cpus", "memory_bytes", "pids"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise AgentConfigError(f"{name} must be positive (or None)")
-
-    def args(self) -> list[str]:
-        args = []
-        if self.cpus is not None:
-            args += ["--cpus", f"{self.cpus:g}"]
-        if self.memory_bytes is not None:
-            args += ["--memory", str(self.memory_bytes), "--memory-swap", str(self.memory_bytes)]
-        if self.pids is not None:
-            args += ["--pids-limit", str(self.pids)]
-        return args
+def _limit_args(limits: ResourceLimits) -> list[str]:
+    args = []
+    if limits.cpus is not None:
+        args += ["--cpus", f"{limits.cpus:g}"]
+    if limits.memory_bytes is not None:
+        args += ["--memory", str(limits.memory_bytes), "--memory-swap", str(limits.memory_bytes)]
+    if limits.pids is not None:
+        args += ["--pids-limit", str(limits.pids)]
+    return args
 
 
 @functools.cache
@@ -209,7 +199,7 @@ class DockerSandbox(LocalSandbox):
             "--workdir", str(launch.cwd),
             "--mount", _bind(self.root, readonly=False),
             *(arg for path in self._mounts_for(launch) for arg in ("--mount", _bind(path, readonly=True))),
-            *self.container_limits.args(),
+            *_limit_args(self.container_limits),
             *(arg for key in env for arg in ("-e", key)),  # the value from the client's environment, not argv
         ]  # fmt: skip
         if launch.stdin is not None:

@@ -44,6 +44,7 @@ from typing import Self
 from urllib.parse import urlsplit, urlunsplit
 
 from . import netbridge, proctree
+from .cgroups import Cgroup, ResourceLimits, cgroups_unavailable
 from .errors import AgentConfigError, AgentError
 from .sandbox import LocalSandbox, LocalSandboxConfig, RunLimits, RunResult
 from .spec import AgentLaunch
@@ -94,11 +95,17 @@ class NamespaceSandbox(LocalSandbox):
         bwrap: str = "bwrap",
         hidden: tuple[Path, ...] = (),
         network: str = "model",
+        resources: ResourceLimits | None = None,
     ) -> None:
         """`hidden`: host directories the agent must not see (the server's record and journal directory: other
         rollouts' trajectories), each replaced by an empty tmpfs unless it holds something the sandbox needs.
         `network`: "model" (loopback and the model endpoint only) or "open" (the host's network: a task that
-        says so, e.g. one whose set-up installs packages)."""
+        says so, e.g. one whose set-up installs packages). `resources`: memory, pids and CPU limits of each run (a
+        cgroup of its own, `agents.cgroups`); a machine that cannot set them refuses them, never drops them."""
+        if resources is not None and resources.any and (why := cgroups_unavailable()) is not None:
+            raise AgentConfigError(f"resource limits cannot be set here: {why}")
+        self.resources = resources if resources is not None and resources.any else None
+        self._cgroup: Cgroup | None = None
         if network not in ("model", "open"):
             raise AgentConfigError(f"network must be 'model' or 'open', not {network!r}")
         self.network = network
@@ -131,6 +138,23 @@ class NamespaceSandbox(LocalSandbox):
         limits: RunLimits,
         activity: Callable[[], float] | None = None,
         stop: asyncio.Event | None = None,
+    ) -> RunResult:
+        if self.resources is not None:
+            self._cgroup = await asyncio.to_thread(Cgroup.create, self.resources)
+            try:
+                return await self._run(launch, limits=limits, activity=activity, stop=stop)
+            finally:
+                group, self._cgroup = self._cgroup, None
+                await asyncio.to_thread(group.remove)
+        return await self._run(launch, limits=limits, activity=activity, stop=stop)
+
+    async def _run(
+        self,
+        launch: AgentLaunch,
+        *,
+        limits: RunLimits,
+        activity: Callable[[], float] | None,
+        stop: asyncio.Event | None,
     ) -> RunResult:
         endpoint = self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
         if endpoint is None or self.network == "open":  # an open network reaches the endpoint directly
@@ -174,7 +198,10 @@ class NamespaceSandbox(LocalSandbox):
             command += ["--unix", str(self.root / _SOCKET_NAME), "--"]
             if "OPENAI_BASE_URL" in env:
                 env = {**env, "OPENAI_BASE_URL": _on_loopback(env["OPENAI_BASE_URL"])}
-        return [*command, *argv], env
+        command = [*command, *argv]
+        if self._cgroup is not None:  # bwrap and everything it starts run in the run's cgroup
+            command = self._cgroup.enter_argv(command)
+        return command, env
 
 
 @functools.cache

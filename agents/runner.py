@@ -39,7 +39,8 @@ from interceptor.server import InterceptionServer
 
 from .answer_command import write_answer_command
 from .breaker import BreakerConfig, CircuitBreaker
-from .errors import AgentError
+from .cgroups import ResourceLimits
+from .errors import AgentConfigError, AgentError
 from .graders import GraderFailed, grade
 from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
 from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
@@ -63,6 +64,7 @@ class RunnerConfig:
     sandbox: Callable[[], Sandbox] | None = None  # None: a NamespaceSandbox where possible, else a LocalSandbox
     setup_timeout_s: float = 300.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # pauses a sandbox backend that keeps failing
+    resources: ResourceLimits | None = None  # per-rollout CPU/memory/pids limits of the default backends
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -87,7 +89,7 @@ class Runner:
         self.config = config
         self._slots = asyncio.Semaphore(config.concurrency)
         self._on_finished = on_finished
-        self._default_sandbox = config.sandbox or _default_sandbox(server)
+        self._default_sandbox = config.sandbox or _default_sandbox(server, config.resources)
         # One circuit per backend: the default one, and each task image's (a broken image pauses only its tasks)
         self._breakers: dict[str | None, CircuitBreaker] = {None: CircuitBreaker(config.breaker)}
 
@@ -183,7 +185,7 @@ class Runner:
 
             url = urlsplit(self.server.url)
             return DockerSandbox(image=task.image, endpoint=(url.hostname or "127.0.0.1", url.port or 80),
-                                 network=task.network)
+                                 network=task.network, limits=self.config.resources)
         if self.config.sandbox is None and task.network == "open":
             return self._default_sandbox(network="open")
         return self._default_sandbox()
@@ -204,20 +206,23 @@ class Runner:
                 raise _Failed("sandbox", f"setup command failed ({result.exit_code or result.reason}): {command}\n{tail}")
 
 
-def _default_sandbox(server: InterceptionServer) -> Callable[..., Sandbox]:
+def _default_sandbox(server: InterceptionServer, resources: ResourceLimits | None) -> Callable[..., Sandbox]:
     reason = namespaces_unavailable()
     if reason is not None:
+        if resources is not None and resources.any:
+            raise AgentConfigError(f"resource limits need the namespace sandbox, which this machine lacks: {reason}")
         log.warning("rollouts run in LocalSandbox, as this user with no isolation, because %s", reason)
         return lambda network="model": LocalSandbox()  # shares everything with the host: network included
-    return namespace_sandbox_for(server)
+    return namespace_sandbox_for(server, resources=resources)
 
 
-def namespace_sandbox_for(server: InterceptionServer) -> Callable[[], Sandbox]:
+def namespace_sandbox_for(server: InterceptionServer, *, resources: ResourceLimits | None = None) -> Callable[..., Sandbox]:
     """NamespaceSandboxes that reach only this server, with its records (other rollouts' trajectories) hidden."""
     url = urlsplit(server.url)
     record_path = server.config.record_path
     hidden = (Path(record_path).resolve().parent,) if record_path is not None else ()
-    return functools.partial(NamespaceSandbox, endpoint=(url.hostname or "127.0.0.1", url.port or 80), hidden=hidden)
+    return functools.partial(NamespaceSandbox, endpoint=(url.hostname or "127.0.0.1", url.port or 80), hidden=hidden,
+                             resources=resources)
 
 
 def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:
