@@ -87,25 +87,11 @@ def parse_json_body(raw: bytes) -> dict:
     return body
 
 
-def parse_chat_request(body: dict) -> ChatRequest:
-    n = body.get("n")
-    if n not in (None, 1) or isinstance(n, bool):
-        raise BadRequest("only n=1 is supported", param="n")
-    if body.get("stop"):
-        raise BadRequest("stop sequences are not supported; the model's end-of-turn token ends a turn", param="stop")
-    for key, neutral in _NEUTRAL.items():
-        value = body.get(key)
-        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
-            raise BadRequest(
-                f"{key} is not supported: the policy samples from its own distribution, so that the recorded "
-                "logprobs are the ones it trains on", param=key,
-            )
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise BadRequest("response_format other than {'type': 'text'} is not supported", param="response_format")
-    modalities = body.get("modalities")
-    if modalities is not None and modalities != ["text"]:
-        raise BadRequest("only the text modality is supported", param="modalities")
+def parse_chat_request(body: dict, *, relayed: bool = False) -> ChatRequest:
+    """The request, typed. `relayed` (black_box): the body goes upstream as it came, so the upstream honours its
+    options; only what the interceptor itself reads (messages, tools, stream) is checked."""
+    if not relayed:
+        _refuse_what_the_policy_cannot_honour(body)
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(_is_tool(t) for t in tools)):
         raise BadRequest("tools must be a list of {'type': 'function', 'function': {'name': ...}}", param="tools")
@@ -126,7 +112,7 @@ def parse_chat_request(body: dict) -> ChatRequest:
         messages=normalize_messages(body.get("messages")),
         tools=tools,
         tools_key=_tools_key(tools),
-        tool_choice=_tool_choice(body.get("tool_choice")),
+        tool_choice="auto" if relayed else _tool_choice(body.get("tool_choice")),
         parallel_tool_calls=_typed(body, "parallel_tool_calls", bool, default=True),
         stream=_typed(body, "stream", bool, default=False),
         include_usage=include_usage,
@@ -137,8 +123,29 @@ def parse_chat_request(body: dict) -> ChatRequest:
         seed=_optional_int(body, "seed", low=0, high=_INT64 - 1),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        ignored=tuple(sorted(k for k in body if k not in _INERT_FIELDS and k not in _NEUTRAL)),
+        ignored=() if relayed else tuple(sorted(k for k in body if k not in _INERT_FIELDS and k not in _NEUTRAL)),
     )
+
+
+def _refuse_what_the_policy_cannot_honour(body: dict) -> None:
+    n = body.get("n")
+    if n not in (None, 1) or isinstance(n, bool):
+        raise BadRequest("only n=1 is supported", param="n")
+    if body.get("stop"):
+        raise BadRequest("stop sequences are not supported; the model's end-of-turn token ends a turn", param="stop")
+    for key, neutral in _NEUTRAL.items():
+        value = body.get(key)
+        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
+            raise BadRequest(
+                f"{key} is not supported: the policy samples from its own distribution, so that the recorded "
+                "logprobs are the ones it trains on", param=key,
+            )
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise BadRequest("response_format other than {'type': 'text'} is not supported", param="response_format")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise BadRequest("only the text modality is supported", param="modalities")
 
 
 def _tool_choice(value: object) -> str:

@@ -297,7 +297,11 @@ class InterceptionServer:
     async def _answer_chat(self, request: web.Request, rollout: Rollout) -> web.StreamResponse:
         raw = await request.read()
         heavy = len(raw) > HEAVY_REQUEST_BYTES  # its work goes to a worker thread, so other rollouts go on
-        body, chat = await asyncio.to_thread(_parse_chat, raw) if len(raw) > PARSE_OFF_LOOP_BYTES else _parse_chat(raw)
+        relayed = self.policy is None
+        if len(raw) > PARSE_OFF_LOOP_BYTES:
+            body, chat = await asyncio.to_thread(_parse_chat, raw, relayed)
+        else:
+            body, chat = _parse_chat(raw, relayed)
         if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
             rollout.ignored_noted.update(chat.ignored)
             rollout.note("ignored_request_fields", fields=list(chat.ignored))
@@ -365,9 +369,9 @@ class InterceptionServer:
         return json_response(answer)
 
 
-def _parse_chat(raw: bytes) -> tuple[dict, ChatRequest]:
+def _parse_chat(raw: bytes, relayed: bool) -> tuple[dict, ChatRequest]:
     body = parse_json_body(raw)
-    return body, parse_chat_request(body)
+    return body, parse_chat_request(body, relayed=relayed)
 
 
 def _sdk_retry(request: web.Request) -> bool:

@@ -187,3 +187,36 @@ async def test_deliberate_repeats_each_get_their_own_upstream_budget(rollout, sc
     for _ in range(server.config.upstream.attempts + 2):
         await client.chat.completions.create(model="p", messages=USER)
     assert len(scripted.calls) == server.config.upstream.attempts + 2
+
+
+async def test_black_box_relays_options_the_upstream_honours_unchanged(tiny_model_dir):
+    """In black_box the upstream samples, so penalties, n, stop and the like are its to honour: they go as sent."""
+    from aiohttp import web
+
+    seen: list[dict] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        return web.json_response({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                               "finish_reason": "stop"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        config = ServerConfig(mode="black_box", upstream=UpstreamConfig(base_url=url))
+        async with InterceptionServer(config) as server:
+            handle = server.open_rollout()
+            async with AsyncOpenAI(base_url=handle.base_url, api_key=handle.secret, max_retries=0) as client:
+                options = {"frequency_penalty": 0.5, "n": 2, "stop": ["\n"], "tool_choice": "required",
+                           "response_format": {"type": "json_object"}}
+                reply = await client.chat.completions.create(model="m", messages=USER, tools=TOOLS, **options)
+    finally:
+        await runner.cleanup()
+    assert reply.choices[0].message.content == "hi"
+    assert {k: seen[0][k] for k in options} == options
