@@ -30,7 +30,8 @@ fi
 start_daemon() {
     mkdir -p "$LOG_DIR"
     say "starting dockerd $* (log: $LOG_DIR/dockerd.log)"
-    nohup dockerd --iptables=false --ip6tables=false --bridge=none "$@" >"$LOG_DIR/dockerd.log" 2>&1 &
+    # its own session, no inherited descriptors: a caller that waits for its output pipes never waits on it
+    setsid nohup dockerd --iptables=false --ip6tables=false --bridge=none "$@" </dev/null >"$LOG_DIR/dockerd.log" 2>&1 &
     for _ in $(seq 60); do
         docker info >/dev/null 2>&1 && return 0
         kill -0 $! 2>/dev/null || return 1
