@@ -9,6 +9,6 @@ bash scripts/setup.sh
 bash scripts/setup-vllm.sh
 bash scripts/setup-agents.sh
 bash scripts/setup-sandbox.sh || echo "[test] no bubblewrap: the namespace sandbox tests will skip and rollouts fall back to LocalSandbox"
-bash scripts/setup-docker.sh || echo "[test] no Docker daemon here: the Docker sandbox tests will skip"
+timeout 900 bash scripts/setup-docker.sh || echo "[test] no Docker daemon here: the Docker sandbox tests will skip"
 echo "[test] set-up took $((SECONDS - started))s"
 exec .venv/bin/python -m pytest "$@"
