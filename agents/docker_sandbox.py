@@ -49,7 +49,7 @@ from typing import Self
 from . import netbridge
 from .cgroups import ResourceLimits
 from .errors import AgentConfigError
-from .namespace_sandbox import SandboxUnavailable, _endpoint_of, _on_loopback
+from .namespace_sandbox import SandboxUnavailable
 from .sandbox import LocalSandbox, LocalSandboxConfig, RunLimits, RunResult
 from .spec import AgentLaunch
 
@@ -58,8 +58,6 @@ __all__ = ["ContainerLimits", "DockerSandbox", "docker_unavailable", "remove_sta
 LABEL = "interceptor.sandbox"
 _BRIDGE_IN_CONTAINER = "/opt/interceptor/netbridge.py"  # netbridge.py, bound read-only
 _SOCKET_NAME = "model.sock"
-_LOOPBACK = "127.0.0.1"
-_ANY_HOST = ("", "0.0.0.0", "::")
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # an image that sets none
 # The docker client's own settings, taken from our environment; an agent variable of the same name is refused.
 _CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
@@ -159,7 +157,7 @@ class DockerSandbox(LocalSandbox):
     ) -> RunResult:
         if clash := set(launch.env) & set(_CLIENT_ENV):
             raise AgentConfigError(f"the docker client reads {sorted(clash)} itself: rename the agent's variables")
-        endpoint = None if self.network == "open" else self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
+        endpoint = None if self.network == "open" else self.endpoint or netbridge.endpoint_of(launch.env.get("OPENAI_BASE_URL"))
         container = _Container(name=f"interceptor-{secrets.token_hex(8)}", argv=launch.argv,
                                port=endpoint[1] if endpoint else None, own_path="PATH" in launch.env)  # fmt: skip
         # LocalSandbox looks argv[0] up on the host; the program started there is the docker client, and _wrap puts
@@ -170,7 +168,7 @@ class DockerSandbox(LocalSandbox):
             if endpoint is None:
                 return await super().run(host_launch, limits=limits, activity=activity, stop=stop)
             host, port = endpoint
-            target = (_LOOPBACK if host in _ANY_HOST else host, port)
+            target = netbridge.host_target(host, port)
             async with netbridge.UnixBridge(self.root / _SOCKET_NAME, endpoint=target):
                 return await super().run(host_launch, limits=limits, activity=activity, stop=stop)
         finally:
@@ -185,7 +183,7 @@ class DockerSandbox(LocalSandbox):
         if not container.own_path:
             env["PATH"] = f"{self.bin_dir}:{self._image_path}"
         if container.port is not None and "OPENAI_BASE_URL" in env:
-            env["OPENAI_BASE_URL"] = _on_loopback(env["OPENAI_BASE_URL"])
+            env["OPENAI_BASE_URL"] = netbridge.on_loopback(env["OPENAI_BASE_URL"])
         command = [
             self._client(), "run", "--rm",
             "--name", container.name,

@@ -41,7 +41,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
-from urllib.parse import urlsplit, urlunsplit
 
 from . import netbridge, proctree
 from .cgroups import Cgroup, ResourceLimits, cgroups_unavailable
@@ -53,8 +52,6 @@ __all__ = ["NamespaceSandbox", "SandboxUnavailable", "namespaces_unavailable"]
 
 _BRIDGE = Path(netbridge.__file__)
 _SOCKET_NAME = "model.sock"  # in the rollout's directory: short, a Unix socket path has a 108-byte limit
-_LOOPBACK = "127.0.0.1"
-_ANY_HOST = ("", "0.0.0.0", "::")  # a server bound to every address is reached on the host through loopback
 _PROBE_S = 10.0
 
 
@@ -156,12 +153,12 @@ class NamespaceSandbox(LocalSandbox):
         activity: Callable[[], float] | None,
         stop: asyncio.Event | None,
     ) -> RunResult:
-        endpoint = self.endpoint or _endpoint_of(launch.env.get("OPENAI_BASE_URL"))
+        endpoint = self.endpoint or netbridge.endpoint_of(launch.env.get("OPENAI_BASE_URL"))
         if endpoint is None or self.network == "open":  # an open network reaches the endpoint directly
             self._port = None
             return await super().run(launch, limits=limits, activity=activity, stop=stop)
         host, port = endpoint
-        target = (_LOOPBACK if host in _ANY_HOST else host, port)
+        target = netbridge.host_target(host, port)
         async with netbridge.UnixBridge(self.root / _SOCKET_NAME, endpoint=target):
             self._port = port
             try:
@@ -197,7 +194,7 @@ class NamespaceSandbox(LocalSandbox):
             command += [sys.executable, "-I", str(_BRIDGE), "--port", str(self._port)]
             command += ["--unix", str(self.root / _SOCKET_NAME), "--"]
             if "OPENAI_BASE_URL" in env:
-                env = {**env, "OPENAI_BASE_URL": _on_loopback(env["OPENAI_BASE_URL"])}
+                env = {**env, "OPENAI_BASE_URL": netbridge.on_loopback(env["OPENAI_BASE_URL"])}
         command = [*command, *argv]
         if self._cgroup is not None:  # bwrap and everything it starts run in the run's cgroup
             command = self._cgroup.enter_argv(command)
@@ -210,22 +207,3 @@ def _needed_paths() -> tuple[Path, ...]:
     the network bridge are run from it)."""
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parent.parent}
     return tuple(sorted(p.resolve() for p in candidates if p.exists()))
-
-
-def _endpoint_of(base_url: str | None) -> tuple[str, int] | None:
-    if not base_url:
-        return None
-    url = urlsplit(base_url)
-    if url.hostname is None:
-        return None
-    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
-
-
-def _on_loopback(base_url: str) -> str:
-    url = urlsplit(base_url)
-    if url.hostname in (None, _LOOPBACK):
-        return base_url
-    netloc = _LOOPBACK if url.port is None else f"{_LOOPBACK}:{url.port}"
-    if url.username or url.password:
-        netloc = f"{url.netloc.rpartition('@')[0]}@{netloc}"
-    return urlunsplit(url._replace(netloc=netloc))

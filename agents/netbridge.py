@@ -23,9 +23,10 @@ import contextlib
 import os
 import socket
 import sys
+from urllib.parse import urlsplit, urlunsplit
 from pathlib import Path
 
-__all__ = ["UnixBridge", "main"]
+__all__ = ["UnixBridge", "endpoint_of", "host_target", "main", "on_loopback"]
 
 _CHUNK = 64 * 1024
 _CONNECT_S = 10.0  # to the endpoint; a connection the server does not take by then is dropped (the agent retries)
@@ -166,6 +167,38 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"netbridge: cannot run {command[0]}: {exc.strerror or exc}", file=sys.stderr)
     return 127
+
+
+# ------------------------------------------------------------------------------- addresses, for the backends
+
+_LOOPBACK = "127.0.0.1"
+_ANY_HOST = ("", "0.0.0.0", "::")  # a server bound to every address is reached on the host through loopback
+
+
+def endpoint_of(base_url: str | None) -> tuple[str, int] | None:
+    """(host, port) of a base URL, or None without one."""
+    if not base_url:
+        return None
+    url = urlsplit(base_url)
+    if url.hostname is None:
+        return None
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
+
+
+def host_target(host: str, port: int) -> tuple[str, int]:
+    """Where the host side of the bridge connects for an endpoint (a wildcard bind is reached on loopback)."""
+    return (_LOOPBACK if host in _ANY_HOST else host, port)
+
+
+def on_loopback(base_url: str) -> str:
+    """The base URL with its host replaced by 127.0.0.1, where the bridge listens inside a sandbox."""
+    url = urlsplit(base_url)
+    if url.hostname in (None, _LOOPBACK):
+        return base_url
+    netloc = _LOOPBACK if url.port is None else f"{_LOOPBACK}:{url.port}"
+    if url.username or url.password:
+        netloc = f"{url.netloc.rpartition('@')[0]}@{netloc}"
+    return urlunsplit(url._replace(netloc=netloc))
 
 
 if __name__ == "__main__":
