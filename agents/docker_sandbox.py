@@ -28,7 +28,10 @@ What an image needs: `/bin/sh` (set-up and graders run through `exec`), python 3
 task runs. Pi runs from the host with `mounts=(its package directory, the node binary)` in a glibc image (tested on
 Debian bookworm); the SWE loader's default test command is the host's `sys.executable`, so grading in an image
 without the project's Python also needs `sys.prefix` and `sys.base_prefix` mounted. Images are never pulled.
-A run costs a container start: about 0.25 s for `exec("true")` here, against 0.04 s in a namespace sandbox.
+A cold run costs a container start: about 0.25 s for `exec("true")` here, against 0.04 s in a namespace sandbox.
+`warm()` starts the next run's container ahead (`LocalSandbox.warm`): it waits, under the subreaper shim mounted at
+/opt/interceptor/proctree.py and run by the image's python, for the launch on stdin; the agent's variables then come
+with the launch rather than `-e`, over the image's own as with `-e`.
 """
 
 from __future__ import annotations
@@ -42,22 +45,23 @@ import os
 import secrets
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Self
 
-from . import netbridge
+from . import netbridge, proctree
 from .cgroups import ResourceLimits
 from .errors import AgentConfigError
 from .namespace_sandbox import SandboxUnavailable
-from .sandbox import LocalSandbox, LocalSandboxConfig, RunLimits, RunResult
+from .bridged import BridgedSandbox
+from .sandbox import LocalSandboxConfig
 from .spec import AgentLaunch
 
 __all__ = ["ContainerLimits", "DockerSandbox", "docker_unavailable", "remove_stale_containers"]
 
 LABEL = "interceptor.sandbox"
 _BRIDGE_IN_CONTAINER = "/opt/interceptor/netbridge.py"  # netbridge.py, bound read-only
-_SOCKET_NAME = "model.sock"
+_PROCTREE_IN_CONTAINER = "/opt/interceptor/proctree.py"  # the warm spare's launcher, bound read-only
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # an image that sets none
 # The docker client's own settings, taken from our environment; an agent variable of the same name is refused.
 _CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
@@ -108,7 +112,8 @@ def remove_stale_containers(docker: str = "docker") -> list[str]:
     return names
 
 
-class DockerSandbox(LocalSandbox):
+class DockerSandbox(BridgedSandbox):
+    _inherited = ("HOME", "HOSTNAME")
     def __init__(
         self,
         config: LocalSandboxConfig | None = None,
@@ -120,70 +125,82 @@ class DockerSandbox(LocalSandbox):
         limits: ContainerLimits | None = None,
         docker: str = "docker",
         network: str = "model",
+        warm_paths: Sequence[Path] = (),
     ) -> None:
-        if network not in ("model", "open"):
-            raise AgentConfigError(f"network must be 'model' or 'open', not {network!r}")
-        self.network = network  # open: the host's network (--network host), for a task that says so
         if not image:
             raise AgentConfigError("image is empty")
-        super().__init__(config)
+        super().__init__(config, endpoint=endpoint, network=network)  # open: --network host
         self.image = image
-        self.endpoint = endpoint
         self.mounts = tuple(Path(path).resolve() for path in mounts)
         for path in (*self.mounts, Path(netbridge.__file__)):
             _check_mountable(path)
         self.python = python
         self.container_limits = limits or ContainerLimits()
         self.docker = docker
-        self._image_path = _DEFAULT_PATH
-        self._container: _Container | None = None  # the run in progress
+        self._image_env: dict[str, str] = {}
+        # What a warm spare's container mounts besides `mounts` (e.g. the agent's and the graders' programs): a
+        # run that needs a host path outside them starts cold.
+        self.warm_paths = tuple(Path(path).resolve() for path in warm_paths)
 
     async def __aenter__(self) -> Self:
         reason = docker_unavailable(self.docker)
         if reason is not None:
             raise SandboxUnavailable(reason)
-        self._image_path = await _image_path(self._client(), self.image)
+        self._image_env = await _image_env(self._client(), self.image)
         entered = await super().__aenter__()
         _check_mountable(self.root)
+        self._open_bridges()
         return entered
 
-    async def run(
-        self,
-        launch: AgentLaunch,
-        *,
-        limits: RunLimits,
-        activity: Callable[[], float] | None = None,
-        stop: asyncio.Event | None = None,
-    ) -> RunResult:
+    def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
+        """A spare's container has its mounts already: a launch needing other host paths starts cold."""
+        if not super()._fits(launch, made_for):
+            return False
+        mounted = self._mounts_for(made_for)
+        return all(any(p.is_relative_to(m) for m in mounted) or p.is_relative_to(self.root)
+                   for p in (Path(q).resolve() for q in launch.host_paths) if p.exists())
+
+    def _template(self) -> AgentLaunch:
+        return AgentLaunch(argv=("(warm)",), env={}, cwd=self.workspace, host_paths=self.warm_paths)
+
+    def _program(self, launch: AgentLaunch, env: dict[str, str]) -> list[str] | None:
         if clash := set(launch.env) & set(_CLIENT_ENV):
             raise AgentConfigError(f"the docker client reads {sorted(clash)} itself: rename the agent's variables")
-        endpoint = None if self.network == "open" else self.endpoint or netbridge.endpoint_of(launch.env.get("OPENAI_BASE_URL"))
-        container = _Container(name=f"interceptor-{secrets.token_hex(8)}", argv=launch.argv,
-                               port=endpoint[1] if endpoint else None, own_path="PATH" in launch.env)  # fmt: skip
-        # LocalSandbox looks argv[0] up on the host; the program started there is the docker client, and _wrap puts
-        # the agent's own argv (looked up in the image) back.
-        host_launch = dataclasses.replace(launch, argv=(self._client(), *launch.argv[1:]))
-        self._container = container
+        return list(launch.argv)  # looked up in the image, not on the host
+
+    def _shim(self, program: list[str]) -> list[str]:
+        return program  # tini (--init) is the container's reaper
+
+    def _launcher(self) -> list[str]:
+        return [self.python, "-I", _PROCTREE_IN_CONTAINER, "--grace", str(self.config.kill_grace_s), "--launch-stdin"]
+
+    def _agent_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
+        env = super()._agent_env(launch, env)
+        if "PATH" not in launch.env:
+            env = {**env, "PATH": f"{self.bin_dir}:{self._image_env.get('PATH') or _DEFAULT_PATH}"}
+        return env
+
+    def _launch_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
+        """A warm launch's whole environment, as `docker run -e` makes it: the image's, then the agent's (HOME and
+        HOSTNAME, which the runtime sets, are kept from the container's)."""
+        return {**self._image_env, **env}
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, launch: AgentLaunch) -> AsyncIterator[_Container]:
+        port, socket = await self._bridge(launch)
+        container = _Container(name=f"interceptor-{secrets.token_hex(8)}", port=port, socket=socket)
         try:
-            if endpoint is None:
-                return await super().run(host_launch, limits=limits, activity=activity, stop=stop)
-            host, port = endpoint
-            target = netbridge.host_target(host, port)
-            async with netbridge.UnixBridge(self.root / _SOCKET_NAME, endpoint=target):
-                return await super().run(host_launch, limits=limits, activity=activity, stop=stop)
+            yield container
         finally:
-            self._container = None
             # Shielded: a cancelled run still removes its container (the removal goes on if we are cancelled again).
             await asyncio.shield(self._remove(container.name))
 
-    def _wrap(self, launch: AgentLaunch, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        container = self._container
-        assert container is not None, "_wrap outside run"
-        env = dict(env)
-        if not container.own_path:
-            env["PATH"] = f"{self.bin_dir}:{self._image_path}"
-        if container.port is not None and "OPENAI_BASE_URL" in env:
-            env["OPENAI_BASE_URL"] = netbridge.on_loopback(env["OPENAI_BASE_URL"])
+    def _wrap(
+        self, launch: AgentLaunch, argv: list[str], env: dict[str, str], held: object
+    ) -> tuple[list[str], dict[str, str]]:
+        container = held
+        assert isinstance(container, _Container)
+        waiting = argv == self._launcher()  # a warm spare: its environment and stdin come through the launch
         command = [
             self._client(), "run", "--rm",
             "--name", container.name,
@@ -200,16 +217,19 @@ class DockerSandbox(LocalSandbox):
             *_limit_args(self.container_limits),
             *(arg for key in env for arg in ("-e", key)),  # the value from the client's environment, not argv
         ]  # fmt: skip
-        if launch.stdin is not None:
+        if waiting or launch.stdin is not None:
             command.append("--interactive")
+        if waiting:
+            shim = Path(proctree.__file__).resolve()
+            command += ["--mount", f"type=bind,src={shim},dst={_PROCTREE_IN_CONTAINER},readonly"]
         if container.port is not None:
             bridge = Path(netbridge.__file__).resolve()
             command += ["--mount", f"type=bind,src={bridge},dst={_BRIDGE_IN_CONTAINER},readonly"]
         command += ["--", self.image]
         if container.port is not None:
             command += [self.python, "-I", _BRIDGE_IN_CONTAINER, "--port", str(container.port)]
-            command += ["--unix", str(self.root / _SOCKET_NAME), "--"]
-        command += container.argv
+            command += ["--unix", str(container.socket), "--"]
+        command += argv
         return command, {**env, **_client_env()}
 
     def _mounts_for(self, launch: AgentLaunch) -> list[Path]:
@@ -243,9 +263,8 @@ class DockerSandbox(LocalSandbox):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Container:
     name: str
-    argv: tuple[str, ...]  # the agent's, run in the image
     port: int | None  # the model endpoint's port, forwarded inside; None: no network at all
-    own_path: bool  # the launch sets PATH itself
+    socket: str | None  # the host half of its bridge
 
 
 def _client_env() -> dict[str, str]:
@@ -254,8 +273,9 @@ def _client_env() -> dict[str, str]:
     return {key: os.environ[key] for key in _CLIENT_ENV if key in os.environ}
 
 
-async def _image_path(docker: str, image: str) -> str:
-    """The image's PATH (e.g. a SWE image's conda bin first); SandboxUnavailable when the image is not here."""
+async def _image_env(docker: str, image: str) -> dict[str, str]:
+    """The image's own environment (e.g. a SWE image's conda bin first on PATH); SandboxUnavailable when the image
+    is not here."""
     process = await asyncio.create_subprocess_exec(
         docker, "image", "inspect", "--format", "{{json .Config.Env}}", image, env=_client_env(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -268,11 +288,8 @@ async def _image_path(docker: str, image: str) -> str:
         raise SandboxUnavailable(f"docker image inspect {image} did not answer in {_PROBE_S:g} s") from None
     if process.returncode != 0:
         raise SandboxUnavailable(f"image {image} is not available (images are not pulled): {err.decode().strip()}")
-    for item in json.loads(out) or ():
-        key, _, value = item.partition("=")
-        if key == "PATH" and value:
-            return value
-    return _DEFAULT_PATH
+    pairs = (item.partition("=") for item in json.loads(out) or ())
+    return {key: value for key, _, value in pairs if key}
 
 
 def _bind(path: Path, *, readonly: bool) -> str:

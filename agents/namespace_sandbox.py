@@ -24,34 +24,37 @@ subreaper inside the namespace, so what it leaves running ends when it exits. Th
 when bwrap goes (killed, or its parent, us, dies) the kernel kills every process in it, escaped ones included.
 SIGTERM ends bwrap at once, so a timed-out agent gets no grace period here: its directories are thrown away anyway.
 
-Limits of this first increment: on a host where the trainer runs as root, the sandbox's user maps to root, so the
-agent can *read* every root-readable file of the host file system it sees (nothing of other rollouts: those are not
-mounted); run as an unprivileged user to narrow that. No CPU/memory/pids limits yet (cgroups).
+`warm()` starts the next run's bwrap, bridge and shim ahead, waiting for the launch (`LocalSandbox.warm`).
+
+Limits: on a host where the trainer runs as root, the sandbox's user maps to root, so the agent can *read* every
+root-readable file of the host file system it sees (nothing of other rollouts: those are not mounted); run as an
+unprivileged user to narrow that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Self
 
 from . import netbridge, proctree
 from .cgroups import Cgroup, ResourceLimits, cgroups_unavailable
 from .errors import AgentConfigError, AgentError
-from .sandbox import LocalSandbox, LocalSandboxConfig, RunLimits, RunResult
+from .bridged import BridgedSandbox
+from .sandbox import LocalSandboxConfig
 from .spec import AgentLaunch
 
 __all__ = ["NamespaceSandbox", "SandboxUnavailable", "namespaces_unavailable"]
 
 _BRIDGE = Path(netbridge.__file__)
-_SOCKET_NAME = "model.sock"  # in the rollout's directory: short, a Unix socket path has a 108-byte limit
 _PROBE_S = 10.0
 
 
@@ -83,7 +86,7 @@ def default_parent_dir() -> Path:
     return Path(tempfile.gettempdir()).resolve() / "interceptor-sandboxes"
 
 
-class NamespaceSandbox(LocalSandbox):
+class NamespaceSandbox(BridgedSandbox):
     def __init__(
         self,
         config: LocalSandboxConfig | None = None,
@@ -103,22 +106,17 @@ class NamespaceSandbox(LocalSandbox):
             raise AgentConfigError(f"resource limits cannot be set here: {why}")
         self.resources = resources if resources is not None and resources.any else None
         self._cgroup: Cgroup | None = None
-        if network not in ("model", "open"):
-            raise AgentConfigError(f"network must be 'model' or 'open', not {network!r}")
-        self.network = network
         config = config or LocalSandboxConfig()
         parent = (config.parent_dir or default_parent_dir()).resolve()
         for needed in (Path(sys.executable).resolve(), _BRIDGE.resolve(), Path(proctree.__file__).resolve()):
             if needed.is_relative_to(parent):
                 raise AgentConfigError(f"parent_dir {parent} would hide {needed} from the sandbox: use a dedicated one")
-        super().__init__(dataclasses.replace(config, parent_dir=parent))
-        self.endpoint = endpoint
+        super().__init__(dataclasses.replace(config, parent_dir=parent), endpoint=endpoint, network=network)
         self.bwrap = bwrap
         needed = _needed_paths()
         self.hidden = tuple(
             h for h in (Path(p).resolve() for p in hidden) if not any(n.is_relative_to(h) for n in needed)
         )
-        self._port: int | None = None  # the forwarded port of the run in progress
 
     async def __aenter__(self) -> Self:
         reason = namespaces_unavailable(self.bwrap)
@@ -126,47 +124,27 @@ class NamespaceSandbox(LocalSandbox):
             raise SandboxUnavailable(reason)
         assert self.config.parent_dir is not None
         self.config.parent_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return await super().__aenter__()
+        entered = await super().__aenter__()
+        self._open_bridges()
+        return entered
 
-    async def run(
-        self,
-        launch: AgentLaunch,
-        *,
-        limits: RunLimits,
-        activity: Callable[[], float] | None = None,
-        stop: asyncio.Event | None = None,
-    ) -> RunResult:
-        if self.resources is not None:
-            self._cgroup = await asyncio.to_thread(Cgroup.create, self.resources)
-            try:
-                return await self._run(launch, limits=limits, activity=activity, stop=stop)
-            finally:
-                group, self._cgroup = self._cgroup, None
-                await asyncio.to_thread(group.remove)
-        return await self._run(launch, limits=limits, activity=activity, stop=stop)
+    def _launch_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
+        return {**env, "PWD": str(launch.cwd)}  # what bwrap --chdir sets for a cold run
 
-    async def _run(
-        self,
-        launch: AgentLaunch,
-        *,
-        limits: RunLimits,
-        activity: Callable[[], float] | None,
-        stop: asyncio.Event | None,
-    ) -> RunResult:
-        endpoint = self.endpoint or netbridge.endpoint_of(launch.env.get("OPENAI_BASE_URL"))
-        if endpoint is None or self.network == "open":  # an open network reaches the endpoint directly
-            self._port = None
-            return await super().run(launch, limits=limits, activity=activity, stop=stop)
-        host, port = endpoint
-        target = netbridge.host_target(host, port)
-        async with netbridge.UnixBridge(self.root / _SOCKET_NAME, endpoint=target):
-            self._port = port
-            try:
-                return await super().run(launch, limits=limits, activity=activity, stop=stop)
-            finally:
-                self._port = None
+    @contextlib.asynccontextmanager
+    async def _hold(self, launch: AgentLaunch) -> AsyncIterator[_Held]:
+        port, socket = await self._bridge(launch)
+        cgroup = await asyncio.to_thread(Cgroup.create, self.resources) if self.resources is not None else None
+        try:
+            yield _Held(port=port, socket=socket, cgroup=cgroup)
+        finally:
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
 
-    def _wrap(self, launch: AgentLaunch, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    def _wrap(
+        self, launch: AgentLaunch, argv: list[str], env: dict[str, str], held: object
+    ) -> tuple[list[str], dict[str, str]]:
+        assert isinstance(held, _Held)
         parent = self.config.parent_dir
         assert parent is not None
         command = [
@@ -190,15 +168,19 @@ class NamespaceSandbox(LocalSandbox):
             "--chdir", str(launch.cwd),
             "--",
         ]  # fmt: skip
-        if self._port is not None:
-            command += [sys.executable, "-I", str(_BRIDGE), "--port", str(self._port)]
-            command += ["--unix", str(self.root / _SOCKET_NAME), "--"]
-            if "OPENAI_BASE_URL" in env:
-                env = {**env, "OPENAI_BASE_URL": netbridge.on_loopback(env["OPENAI_BASE_URL"])}
+        if held.port is not None:
+            command += [sys.executable, "-I", str(_BRIDGE), "--port", str(held.port), "--unix", str(held.socket), "--"]
         command = [*command, *argv]
-        if self._cgroup is not None:  # bwrap and everything it starts run in the run's cgroup
-            command = self._cgroup.enter_argv(command)
+        if held.cgroup is not None:  # bwrap and everything it starts run in the run's cgroup
+            command = held.cgroup.enter_argv(command)
         return command, env
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    port: int | None  # the model endpoint's port, forwarded inside
+    socket: str | None  # the host half of its bridge
+    cgroup: Cgroup | None
 
 
 @functools.cache

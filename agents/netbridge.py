@@ -26,7 +26,7 @@ import sys
 from urllib.parse import urlsplit, urlunsplit
 from pathlib import Path
 
-__all__ = ["UnixBridge", "endpoint_of", "host_target", "main", "on_loopback"]
+__all__ = ["BridgeSet", "UnixBridge", "endpoint_of", "host_target", "main", "on_loopback"]
 
 _CHUNK = 64 * 1024
 _CONNECT_S = 10.0  # to the endpoint; a connection the server does not take by then is dropped (the agent retries)
@@ -97,6 +97,28 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write_eof()  # pass the half-close on: an HTTP client may wait for the reply after sending EOF
     except OSError:  # a reset on either side ends this direction; the other ends at its own EOF or reset
         writer.close()
+
+
+class BridgeSet:
+    """One sandbox's host halves, one per endpoint, each opened on first use and kept until `aclose` (its runs, and
+    a warm spare started during a run, share them). Sockets are `directory/model-N.sock`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._open: dict[tuple[str, int], UnixBridge] = {}
+
+    async def socket_for(self, endpoint: tuple[str, int]) -> Path:
+        bridge = self._open.get(endpoint)
+        if bridge is None:
+            bridge = UnixBridge(self.directory / f"model-{len(self._open)}.sock", endpoint=endpoint)
+            await bridge.__aenter__()
+            self._open[endpoint] = bridge
+        return bridge.path
+
+    async def aclose(self) -> None:
+        bridges, self._open = list(self._open.values()), {}
+        for bridge in bridges:
+            await bridge.__aexit__(None, None, None)
 
 
 # ------------------------------------------------------------------------------------------ inside the sandbox

@@ -13,6 +13,15 @@ SIGTERM/SIGINT/SIGHUP, it ends every remaining descendant (SIGTERM, `--grace` se
 none is left, since a dying process may still fork), reaps them, and exits with the agent's status (128+N when signal
 N ended the agent, as shells report it). A failure to start the agent exits 127 with a line on stderr.
 
+With `--launch-stdin` instead of a command, the shim is started *before* its agent is known (a warm sandbox: its
+namespaces, container and network bridge already up) and waits for one launch on stdin: a decimal byte count, a
+newline, then that many bytes of JSON `{"argv", "env", "cwd", "stdin"}` (`launch_header` writes it). The agent runs
+with exactly `env` as its environment (not the shim's: Python adds LC_CTYPE to its own in a C locale; only the
+variables named in `inherit` are kept from it), in `cwd`,
+with the rest of stdin as its own stdin when `stdin` is true and /dev/null otherwise. EOF before a launch (the
+sandbox was put away unused) exits 0. Before it waits, it writes one byte, READY, to stdout: the sandbox reads it,
+so a spare is known to be fully up (namespaces, bridge, interpreter) before a run is handed to it.
+
 The functions below are also what the sandbox uses when it must end a tree itself (cancellation, a wedged shim).
 Stdlib only: this file runs as a plain script, without the package on sys.path.
 """
@@ -21,17 +30,20 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["descendants", "end_tree", "kill_tree", "main", "supports_subreaper"]
+__all__ = ["descendants", "end_tree", "kill_tree", "launch_header", "main", "supports_subreaper"]
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _KILL_ROUNDS = 50  # SIGKILL sweeps before giving up on a process that keeps forking
 _EXEC_FAILED = 127  # what shells return for a command that could not be run
+_HEADER_LIMIT = 16 * 1024 * 1024  # bytes of a launch header (argv and environment)
+READY = b"\x06"  # what a --launch-stdin shim writes to stdout once it waits for its launch
 
 
 def supports_subreaper() -> bool:
@@ -127,12 +139,75 @@ def _exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def launch_header(
+    argv: list[str], env: dict[str, str], cwd: str, *, stdin: bool, inherit: tuple[str, ...] = ()
+) -> bytes:
+    """What a `--launch-stdin` shim reads before it starts its agent. `inherit`: variables kept from the shim's
+    own environment where `env` does not set them (a container's HOME, which its runtime sets per user)."""
+    body = json.dumps({"argv": argv, "env": env, "cwd": cwd, "stdin": stdin, "inherit": list(inherit)}).encode()
+    return b"%d\n" % len(body) + body
+
+
+def _read_launch() -> dict | None:
+    """The launch a warm shim waits for on fd 0, read unbuffered so the agent's own stdin stays in the pipe."""
+    digits = b""
+    while not digits.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            return None
+        digits += byte
+        if len(digits) > 12:
+            raise ValueError("bad launch header")
+    size = int(digits)
+    if not 0 < size <= _HEADER_LIMIT:
+        raise ValueError(f"bad launch header size {size}")
+    body = b""
+    while len(body) < size:
+        chunk = os.read(0, size - len(body))
+        if not chunk:
+            raise ValueError("the launch header was cut short")
+        body += chunk
+    launch = json.loads(body)
+    if not (isinstance(launch.get("argv"), list) and launch["argv"] and isinstance(launch.get("env"), dict)):
+        raise ValueError("a launch needs argv and env")
+    return launch
+
+
+def _await_launch() -> list[str] | None:
+    """Wait for the launch, then take on its directory, environment and stdin; its argv, or None on EOF."""
+    os.write(1, READY)
+    launch = _read_launch()
+    if launch is None:
+        return None
+    os.chdir(launch.get("cwd") or ".")
+    kept = {key: os.environ[key] for key in launch.get("inherit") or () if key in os.environ}
+    os.environ.clear()
+    os.environ.update({**kept, **{str(k): str(v) for k, v in launch["env"].items()}})
+    if not launch.get("stdin"):
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    return [str(arg) for arg in launch["argv"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="run a command as a child subreaper and end its whole tree")
     parser.add_argument("--grace", type=float, default=3.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--launch-stdin", action="store_true", help="read the command from stdin (a warm sandbox)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.launch_stdin:
+        if command:
+            parser.error("--launch-stdin takes no command")
+        try:
+            launched = _await_launch()
+        except (OSError, ValueError) as exc:
+            print(f"proctree: {exc}", file=sys.stderr)
+            return _EXEC_FAILED
+        if launched is None:
+            return 0
+        command = launched
     if not command:
         parser.error("no command")
 

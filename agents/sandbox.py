@@ -7,8 +7,9 @@
         ...grade box.workspace...
     result.outcome  # "exited" | "timeout" | "idle" | "cancelled" | "spawn_failed"
 
-`Sandbox` is the interface a container or remote sandbox can implement later. `LocalSandbox` runs the agent as a
-process of this machine:
+`Sandbox` is the interface every backend implements (`agents.namespace_sandbox`, `agents.docker_sandbox`).
+`LocalSandbox` is the simplest: no isolation at all (the agent runs as this user, sees the host's files, network and
+processes), for trusted programs and platforms without namespaces. It runs the agent as a process of this machine:
 - its own session and process group, under the subreaper shim of `agents.proctree` on Linux, so the whole tree
   (detached tool commands and orphans included) ends with the run, whatever the outcome;
 - a wall-clock limit, and an idle watchdog: no output and no outside activity for `idle_s` (Pi waits forever on a
@@ -17,7 +18,10 @@ process of this machine:
   itself: SIGKILL at once, then the `CancelledError` propagates;
 - stdout and stderr kept as bounded tails with the launch's secrets replaced by `***`;
 - only the host variables named in `passthrough_env` (PATH, locale) reach the agent, plus TMPDIR (its own);
-  `bin_dir` comes first on PATH, for commands the runner gives the agent (e.g. `answer`).
+  `bin_dir` comes first on PATH, for commands the runner gives the agent (e.g. `answer`);
+- `warm()`: the next run's process (for the backends: its namespaces, container, bridge) started ahead, waiting for
+  the launch on stdin (`agents.proctree --launch-stdin`); the agent's argv and environment travel in that pipe,
+  never in an argv. `agents.pool` keeps warmed sandboxes ready.
 """
 
 from __future__ import annotations
@@ -26,19 +30,20 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, Self
+from typing import Protocol, Self
 
 from . import proctree
 from .errors import AgentConfigError
-from .output import OutputTail
 from .spec import AgentLaunch
+from .spare import Started, hand_launch, put_away, until_ready
+from .supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised
 
 __all__ = [
     "ExecResult",
@@ -51,67 +56,8 @@ __all__ = [
     "Sandbox",
 ]
 
-Outcome = Literal["exited", "timeout", "idle", "cancelled", "spawn_failed"]
 _SHIM = Path(proctree.__file__)
-_DRAIN_S = 2.0  # after the tree is gone, how long the output pipes get to reach EOF (a process that escaped the
-# tree could hold them open forever)
-_STDIN_CHUNK = 64 * 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunLimits:
-    wall_s: float = 1800.0  # the whole run
-    idle_s: float | None = 300.0  # no output and no outside activity for this long; None: no watchdog
-
-    def __post_init__(self) -> None:
-        if self.wall_s <= 0:
-            raise AgentConfigError("wall_s must be positive")
-        if self.idle_s is not None and self.idle_s <= 0:
-            raise AgentConfigError("idle_s must be positive (or None)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    outcome: Outcome
-    exit_code: int | None = None  # set when the agent exited by itself; 128+N when signal N ended it
-    reason: str = ""  # why, for every outcome but a plain exit
-    stdout: str = ""  # the tail, secrets replaced by ***
-    stderr: str = ""
-    stdout_dropped: int = 0  # bytes cut from the head of each stream
-    stderr_dropped: int = 0
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "exited" and self.exit_code == 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExecResult:
-    """A command run in the sandbox for set-up or grading: how it ended and the tail of its combined output."""
-
-    exit_code: int | None  # None when it did not exit by itself (timed out, could not start)
-    output: str
-    timed_out: bool = False
-    reason: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-
-class Heartbeat:
-    """The time (time.monotonic) of the agent's last sign of life seen outside its process, e.g. a request or a
-    streamed chunk at the server. Call `beat()` on each; pass the heartbeat as `activity`."""
-
-    def __init__(self) -> None:
-        self._last = time.monotonic()
-
-    def beat(self) -> None:
-        self._last = time.monotonic()
-
-    def __call__(self) -> float:
-        return self._last
+_SPAWN_WAIT_S = 30.0  # for a spare being started when the sandbox is put away
 
 
 class Sandbox(Protocol):
@@ -146,6 +92,10 @@ class Sandbox(Protocol):
         what it runs from on the host, for backends that do not share the host's file system)."""
         ...
 
+    async def warm(self) -> None:
+        """Start what the next run needs ahead of it (a backend with nothing to start ahead does nothing)."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class LocalSandboxConfig:
@@ -164,9 +114,15 @@ class LocalSandboxConfig:
 
 
 class LocalSandbox:
+    _inherited: tuple[str, ...] = ()  # variables a warm agent keeps from its spare's environment (the container's)
+
     def __init__(self, config: LocalSandboxConfig | None = None) -> None:
         self.config = config or LocalSandboxConfig()
         self._root: Path | None = None
+        self._spare: Started | None = None  # the next run's process, started ahead (`warm`)
+        self._warming: asyncio.Task | None = None
+        self._keep_warm = False
+        self.warm_starts = 0  # runs that started from a spare
 
     @property
     def root(self) -> Path:
@@ -190,6 +146,11 @@ class LocalSandbox:
     def tmp(self) -> Path:
         return self.root / "tmp"
 
+    @property
+    def warm_ready(self) -> bool:
+        """A spare process is up, waiting for the next run's launch."""
+        return self._spare is not None and self._spare.process.returncode is None
+
     async def __aenter__(self) -> Self:
         parent = str(self.config.parent_dir) if self.config.parent_dir else None
         self._root = Path(tempfile.mkdtemp(prefix="interceptor-rollout-", dir=parent)).resolve()  # mode 0700
@@ -198,9 +159,29 @@ class LocalSandbox:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self._put_away_spare()
         root, self._root = self._root, None
         if root is not None and not self.config.keep_dirs:
             await asyncio.to_thread(_remove_tree, root)
+
+    async def warm(self) -> None:
+        """Start the next run's process now (for the backends: its namespaces, container and network bridge), left
+        waiting for its launch, so that `run` only hands it the agent's argv and environment. From then on the
+        sandbox stays warm: when a run takes the spare, the next one is started in the background. A spare that
+        does not fit a launch (another endpoint, a program the container lacks) is thrown away and the run starts
+        cold. Without a subreaper shim (off Linux) there is nothing to start ahead, and this does nothing."""
+        if not proctree.supports_subreaper():
+            return
+        self._keep_warm = True
+        if self._spare is None:
+            spare = await self._start(self._template(), self._launcher(), {}, waiting=True)
+            try:
+                await until_ready(spare)
+            except BaseException:
+                self._keep_warm = False  # a backend whose spares fail is not retried after every run
+                await asyncio.shield(put_away(spare))
+                raise
+            self._spare = spare
 
     async def run(
         self,
@@ -213,30 +194,32 @@ class LocalSandbox:
         started = time.monotonic()
         env = {key: os.environ[key] for key in self.config.passthrough_env if key in os.environ}
         env["PATH"] = os.pathsep.join(filter(None, [str(self.bin_dir), env.get("PATH", os.defpath)]))
-        env |= {"TMPDIR": str(self.tmp), **launch.env}
-        executable = shutil.which(launch.argv[0], path=env.get("PATH", os.defpath))
-        if executable is None:
+        env = self._agent_env(launch, env | {"TMPDIR": str(self.tmp), **launch.env})
+        program = self._program(launch, env)
+        if program is None:
             return RunResult(outcome="spawn_failed", reason=f"{launch.argv[0]}: not found or not executable")
-        argv = [executable, *launch.argv[1:]]
-        if proctree.supports_subreaper():
-            argv = [sys.executable, "-I", str(_SHIM), "--grace", str(self.config.kill_grace_s), "--", *argv]
-        argv, env = self._wrap(launch, argv, env)
+        begun = await self._take_spare(launch)
+        if begun is not None and not await hand_launch(begun, program, self._launch_env(launch, env), launch,
+                                                        inherit=self._inherited):
+            await put_away(begun)
+            begun = None
+        self.warm_starts += begun is not None
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=launch.cwd,
-                env=env,
-                stdin=asyncio.subprocess.PIPE if launch.stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # its own session and group: no terminal signals from ours reach it
-            )
-        except OSError as exc:
-            return RunResult(outcome="spawn_failed", reason=f"{launch.argv[0]}: {exc.strerror or exc}")
-        run = _Run(process, self.config, launch, started)
-        outcome, reason = await run.supervise(limits, activity, stop)
+            if begun is None:
+                try:
+                    begun = await self._start(launch, self._shim(program), env, waiting=False)
+                except OSError as exc:
+                    return RunResult(outcome="spawn_failed", reason=f"{launch.argv[0]}: {exc.strerror or exc}")
+            run = Supervised(begun.process, self.config, launch, started)
+            outcome, reason = await run.supervise(limits, activity, stop)
+        finally:
+            if begun is not None:
+                # Shielded: a cancelled run still releases what it held (a container is removed even then).
+                await asyncio.shield(begun.held.aclose())
+        if self._keep_warm and self._root is not None:
+            self._warming = asyncio.create_task(self.warm())
         stdout, stderr = run.stdout, run.stderr
-        code = process.returncode
+        code = begun.process.returncode
         if code is not None and code < 0:  # the shim itself died of a signal (or there is no shim)
             code = 128 - code
         return RunResult(
@@ -264,128 +247,106 @@ class LocalSandbox:
         return ExecResult(exit_code=None, output=result.stdout, timed_out=result.outcome == "timeout",
                           reason=result.reason or result.outcome)
 
-    def _wrap(self, launch: AgentLaunch, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    # --------------------------------------------------------------------------- what a backend changes
+
+    def _agent_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
+        """The agent's environment as it must be inside (a backend rewrites its endpoint's address)."""
+        return env
+
+    def _launch_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
+        """The whole environment a warm spare's agent gets (it replaces the spare's own)."""
+        return env
+
+    def _program(self, launch: AgentLaunch, env: dict[str, str]) -> list[str] | None:
+        """The agent's argv with argv[0] found on its PATH (on the host here), or None when it is not there."""
+        executable = shutil.which(launch.argv[0], path=env.get("PATH", os.defpath))
+        return None if executable is None else [executable, *launch.argv[1:]]
+
+    def _shim(self, program: list[str]) -> list[str]:
+        """What is started for a cold run: the program under the subreaper shim, where there is one."""
+        if not proctree.supports_subreaper():
+            return program
+        return [sys.executable, "-I", str(_SHIM), "--grace", str(self.config.kill_grace_s), "--", *program]
+
+    def _launcher(self) -> list[str]:
+        """What is started for a warm spare: the shim, waiting for its launch on stdin."""
+        return [sys.executable, "-I", str(_SHIM), "--grace", str(self.config.kill_grace_s), "--launch-stdin"]
+
+    def _template(self) -> AgentLaunch:
+        """The launch a warm spare is started for (its endpoint, its mounts): runs that differ start cold."""
+        return AgentLaunch(argv=("(warm)",), env={}, cwd=self.workspace)
+
+    def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
+        """Whether a spare started for `made_for` can run `launch`."""
+        return True
+
+    def _hold(self, launch: AgentLaunch) -> contextlib.AbstractAsyncContextManager[object]:
+        """What one started process holds until it ends (a cgroup, a container); passed to `_wrap`."""
+        return contextlib.nullcontext()
+
+    def _wrap(
+        self, launch: AgentLaunch, argv: list[str], env: dict[str, str], held: object
+    ) -> tuple[list[str], dict[str, str]]:
         """The command and environment actually started. A backend that runs the agent somewhere else (in its own
         namespaces: `agents.namespace_sandbox`) wraps them here and keeps the limits, watchdog and output above."""
         return argv, env
 
+    # --------------------------------------------------------------------------- starting, and the spare
 
-class _Run:
-    """One started process: its output pumps, its watchdog and its ending."""
-
-    def __init__(
-        self, process: asyncio.subprocess.Process, config: LocalSandboxConfig, launch: AgentLaunch, started: float
-    ) -> None:
-        self.process = process
-        self.config = config
-        self.launch = launch
-        self.started = started
-        self.last_output = started
-        self.stdout = OutputTail(limit_bytes=config.output_limit_bytes, secrets=launch.secrets)
-        self.stderr = OutputTail(limit_bytes=config.output_limit_bytes, secrets=launch.secrets)
-
-    async def supervise(
-        self, limits: RunLimits, activity: Callable[[], float] | None, stop: asyncio.Event | None
-    ) -> tuple[Outcome, str]:
-        assert self.process.stdout is not None and self.process.stderr is not None
-        pumps = [
-            asyncio.create_task(self._pump(self.process.stdout, self.stdout)),
-            asyncio.create_task(self._pump(self.process.stderr, self.stderr)),
-        ]
-        if self.launch.stdin is not None:
-            pumps.append(asyncio.create_task(self._feed(self.launch.stdin)))
+    async def _start(self, launch: AgentLaunch, argv: list[str], env: dict[str, str], *, waiting: bool) -> Started:
+        held = AsyncExitStack()
         try:
-            verdict = await self._watch(limits, activity, stop)
-            if verdict[0] != "exited":
-                await self._terminate()
-            # After a plain exit the shim has already ended what the agent left running. (Off Linux there is no
-            # shim, and stragglers in the agent's group are not hunted: once the leader is reaped its group id may
-            # belong to someone else.)
-            return verdict
+            state = await held.enter_async_context(self._hold(launch))
+            command, process_env = self._wrap(launch, argv, env, state)
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                cwd=launch.cwd,
+                env=process_env,
+                stdin=asyncio.subprocess.PIPE if waiting or launch.stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own session and group: no terminal signals from ours reach it
+            )
         except BaseException:
-            # Cancelled (or a bug): nothing of this rollout may outlive the call. No grace: we are being torn down.
-            self._kill_everything()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(self.process.wait()), _DRAIN_S)
+            await asyncio.shield(held.aclose())
             raise
-        finally:
-            await _drain(pumps)
+        return Started(process, held, made_for=launch if waiting else None)
 
-    async def _watch(
-        self, limits: RunLimits, activity: Callable[[], float] | None, stop: asyncio.Event | None
-    ) -> tuple[Outcome, str]:
-        deadline = self.started + limits.wall_s
-        exited = asyncio.ensure_future(self.process.wait())
-        stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
-        try:
-            while True:
-                waiting = {exited} if stopping is None else {exited, stopping}
-                await asyncio.wait(waiting, timeout=self.config.poll_s, return_when=asyncio.FIRST_COMPLETED)
-                if exited.done():
-                    return "exited", ""
-                now = time.monotonic()
-                if stopping is not None and stopping.done():
-                    return "cancelled", "stopped by the caller"
-                if now >= deadline:
-                    return "timeout", f"still running after the {limits.wall_s:g} s wall-clock limit"
-                if limits.idle_s is not None:
-                    seen = max(self.last_output, activity() if activity is not None else self.started)
-                    if now - seen >= limits.idle_s:
-                        return "idle", f"no output and no activity for {limits.idle_s:g} s"
-        finally:
-            for future in (exited, stopping):
-                if future is not None and not future.done():
-                    future.cancel()
+    async def _take_spare(self, launch: AgentLaunch) -> Started | None:
+        """The warm spare, when there is one (or one on its way) that fits this launch."""
+        if (warming := self._warming) is not None:
+            try:
+                await asyncio.shield(warming)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001  (a spare that could not start: this run starts cold, and says why)
+                pass
+            finally:
+                if warming.done():
+                    self._warming = None
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        assert spare.made_for is not None
+        if spare.process.returncode is not None or not self._fits(launch, spare.made_for):
+            await put_away(spare)
+            return None
+        return spare
 
-    async def _terminate(self) -> None:
-        """SIGTERM (the shim passes it on to the whole tree), the grace period, then SIGKILL to everything."""
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        if not proctree.supports_subreaper():
-            self._signal_group(signal.SIGTERM)
-        try:
-            # The shim spends up to the same grace on the tree, then SIGKILLs it: give it a moment beyond that.
-            await asyncio.wait_for(asyncio.shield(self.process.wait()), self.config.kill_grace_s + 2.0)
-        except TimeoutError:
-            self._kill_everything()
-            await self.process.wait()
-
-    def _kill_everything(self) -> None:
-        if proctree.supports_subreaper() and self.process.returncode is None:
-            proctree.kill_tree(self.process.pid, include_root=True)
-        self._signal_group(signal.SIGKILL)
-
-    def _signal_group(self, sig: int) -> None:
-        # Only while the leader is not reaped: until then its pid, which is the group id (start_new_session), cannot
-        # be reused by an unrelated process.
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, sig)
-
-    async def _pump(self, stream: asyncio.StreamReader, tail: OutputTail) -> None:
-        while chunk := await stream.read(65536):
-            tail.feed(chunk)
-            self.last_output = time.monotonic()
-
-    async def _feed(self, data: bytes) -> None:
-        stdin = self.process.stdin
-        assert stdin is not None
-        # An agent that exits without reading its stdin closes the pipe: that is its business, not an error.
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            for start in range(0, len(data), _STDIN_CHUNK):
-                stdin.write(data[start : start + _STDIN_CHUNK])
-                await stdin.drain()
-            stdin.close()
-            await stdin.wait_closed()
-
-
-async def _drain(pumps: list[asyncio.Task]) -> None:
-    """Let the pumps read to EOF; a pipe still held open after the tree is gone (a process that left the tree by
-    itself) is abandoned rather than waited on forever. Never raises: it runs while a cancellation unwinds."""
-    _, pending = await asyncio.wait(pumps, timeout=_DRAIN_S)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pumps, return_exceptions=True)
+    async def _put_away_spare(self) -> None:
+        self._keep_warm = False
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            # Let a spare being started finish starting (cancelling a process's creation in asyncio waits for the
+            # process to exit: bwrap's would not), then put it away below.
+            with contextlib.suppress(Exception):
+                await asyncio.wait([warming], timeout=_SPAWN_WAIT_S)
+            if not warming.done():
+                warming.cancel()
+            await asyncio.gather(warming, return_exceptions=True)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await put_away(spare)
 
 
 def _remove_tree(root: Path) -> None:

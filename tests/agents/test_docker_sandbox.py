@@ -295,3 +295,56 @@ async def test_a_task_with_an_image_runs_in_a_container_of_it_without_being_told
     assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events)
     tool_output = next(m["content"] for t in record.trace for m in t["new_messages"] if m["role"] == "tool")
     assert tool_output.strip() == "docker-init"
+
+
+# ------------------------------------------------------------------------------------------------ warm containers
+
+REPORT = (
+    "import json, os, sys\n"
+    "print(json.dumps({'cwd': os.getcwd(), 'argv': sys.argv[1:], 'stdin': sys.stdin.read(), 'env': dict(os.environ)},"
+    " sort_keys=True))\n"
+)
+
+
+@pytest.mark.parametrize("stdin", [b"the instruction\n", None], ids=["stdin", "no-stdin"])
+async def test_a_warm_container_run_gets_the_same_argv_env_cwd_and_stdin_as_a_cold_one(stdin):
+    def launch(box: DockerSandbox) -> AgentLaunch:
+        return AgentLaunch(argv=("python3", "-c", REPORT, "one", "two words"), env={"KEY": SECRET},
+                           cwd=box.workspace, stdin=stdin, secrets=(SECRET,))  # fmt: skip
+
+    async with asyncio.timeout(BOUND_S):
+        async with sandbox() as cold_box:
+            cold = await cold_box.run(launch(cold_box), limits=RunLimits(wall_s=BOUND_S))
+            cold_root = str(cold_box.root)
+        async with sandbox() as warm_box:
+            await warm_box.warm()
+            warm = await warm_box.run(launch(warm_box), limits=RunLimits(wall_s=BOUND_S))
+            assert warm_box.warm_starts == 1
+            warm_root = str(warm_box.root)
+    assert cold.ok and warm.ok, (cold, warm)
+    assert warm.stdout.replace(warm_root, "ROOT") == cold.stdout.replace(cold_root, "ROOT")
+
+
+async def test_a_warm_container_stays_warm_and_no_container_outlives_the_sandbox():
+    async with asyncio.timeout(BOUND_S):
+        before = containers()
+        async with sandbox() as box:
+            await box.warm()
+            results = [await box.exec(f"test -f /.dockerenv && echo run {i}", timeout_s=BOUND_S) for i in range(3)]
+            assert box.warm_starts == 3
+            assert await wait_until(lambda: box.warm_ready, within_s=30)
+            assert len(containers() - before) == 1  # the next run's container, waiting
+        assert [r.output for r in results] == [f"run {i}\n" for i in range(3)]
+        assert await wait_until(lambda: not containers() - before, within_s=30)
+
+
+async def test_a_launch_needing_a_host_path_the_warm_container_lacks_starts_cold(tmp_path):
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "hello.sh").write_text("echo from the host\n")
+    async with asyncio.timeout(BOUND_S), sandbox() as box:
+        await box.warm()
+        launch = AgentLaunch(argv=("sh", str(tool / "hello.sh")), env={}, cwd=box.workspace, host_paths=(tool,))
+        result = await box.run(launch, limits=RunLimits(wall_s=BOUND_S))
+        assert box.warm_starts == 0
+    assert result.ok and result.stdout == "from the host\n", result

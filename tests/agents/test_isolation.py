@@ -195,9 +195,15 @@ async def wait_for_file(path: Path) -> None:
         raise AssertionError(f"{path} never appeared")
 
 
-async def attack_from_b(backend: type, model_server: ModelServer, other_listener: Listener) -> tuple[dict, str]:
-    """Run A and B side by side; return {attack: succeeded} and B's stdout."""
-    async with make(backend) as a, make(backend) as b:
+async def attack_from_b(
+    backend: type, model_server: ModelServer, other_listener: Listener, *, warm_b: bool = False
+) -> tuple[dict, str]:
+    """Run A and B side by side; return {attack: succeeded} and B's stdout. `warm_b`: B's run is handed to a
+    process started ahead (`warm`), with its endpoint given up front as the runner gives it."""
+    b_endpoint = ("127.0.0.1", model_server.port) if warm_b else None
+    async with make(backend) as a, make(backend, endpoint=b_endpoint) as b:
+        if warm_b:
+            await b.warm()
         (a.workspace / "secret.txt").write_text(A_FILE_SECRET + "\n")
         write_private_json(a.home / ".pi" / "agent" / "models.json", {"apiKey": A_CHAT_SECRET})
         write_answer_command(a.bin_dir, base_url="http://127.0.0.1:9/rollout/a/v1", tools_secret=A_TOOLS_SECRET)
@@ -227,6 +233,7 @@ async def attack_from_b(backend: type, model_server: ModelServer, other_listener
                 cwd=b.workspace,
             )
             result = await b.run(b_launch, limits=RunLimits(wall_s=BOUND_S, idle_s=None))
+            assert b.warm_starts == int(warm_b)
             out = result.stdout
             assert result.ok and out.endswith("finished\n"), result
             succeeded = {
