@@ -18,6 +18,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("interception_gate", "black_box"), default="interception_gate")
     parser.add_argument("-n", type=int, default=1, help="rollouts per task (a group)")
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--cpus", type=float, help="per-rollout CPU limit in cores (namespace and Docker sandboxes)")
+    parser.add_argument("--memory-mib", type=int, help="per-rollout memory limit, MiB (namespace and Docker sandboxes)")
+    parser.add_argument("--pids", type=int, help="per-rollout process/thread limit (namespace and Docker sandboxes)")
+    parser.add_argument("--warm-pool", type=int, default=2, metavar="N",
+                        help="sandboxes kept prepared per kind, so a rollout's agent starts at once (0: none)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)

@@ -27,6 +27,9 @@ from interceptor.server import InterceptionServer
 from .command import CommandAgent
 from .opencode import OpenCodeAgent
 from .pi import PiAgent
+from .cgroups import ResourceLimits
+from .errors import AgentConfigError
+from .pool import PoolConfig
 from .runner import Runner, RunnerConfig
 from .sandbox import LocalSandbox
 from .spec import AgentSpec
@@ -52,7 +55,18 @@ async def _local_model(args: argparse.Namespace, out: Path) -> Path:
     return await asyncio.to_thread(ensure_local_model, Path(args.model) if args.model else out.parent / "model")
 
 
-def _sandbox(choice: str, server):
+def _resources(args: argparse.Namespace) -> ResourceLimits | None:
+    memory = args.memory_mib * 1024 * 1024 if args.memory_mib is not None else None
+    try:
+        limits = ResourceLimits(cpus=args.cpus, memory_bytes=memory, pids=args.pids)
+    except AgentConfigError as exc:
+        raise SystemExit(f"--cpus/--memory-mib/--pids: {exc}") from None
+    if limits.any and args.sandbox == "local":
+        raise SystemExit("--cpus/--memory-mib/--pids need an isolating sandbox: not --sandbox local")
+    return limits if limits.any else None
+
+
+def _sandbox(choice: str, server, resources: ResourceLimits | None):
     """The sandbox factory for `--sandbox`: None lets the runner choose (namespace where possible)."""
     if choice == "local":
         return LocalSandbox
@@ -62,7 +76,7 @@ def _sandbox(choice: str, server):
 
         if reason := namespaces_unavailable():
             raise SystemExit(f"--sandbox namespace: {reason}")
-        return namespace_sandbox_for(server)
+        return namespace_sandbox_for(server, resources=resources)
     return None
 
 
@@ -108,6 +122,9 @@ def summary_table(records: list[RolloutRecord]) -> str:
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.warm_pool < 0:
+        raise SystemExit("--warm-pool must be 0 or more")
+    resources = _resources(args)  # refused before anything starts
     if args.swe_repos:
         from .swe import load_swe_tasks
 
@@ -139,10 +156,12 @@ async def run(args: argparse.Namespace) -> int:
             agent=_agent(args, context_window=context_window),
             sampling=SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
             concurrency=args.concurrency,
-            sandbox=_sandbox(args.sandbox, server),
+            sandbox=_sandbox(args.sandbox, server, resources),
+            resources=resources if args.sandbox == "auto" else None,  # a chosen backend has them built in
+            pool=PoolConfig(size=args.warm_pool),
         )
         print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {upstream.base_url} ({args.mode})", flush=True)
-        runner = Runner(server, config, on_finished=_progress(len(tasks) * args.n))
+        runner = await stack.enter_async_context(Runner(server, config, on_finished=_progress(len(tasks) * args.n)))
         records = await runner.run_tasks(tasks, n=args.n)
     print()
     print(summary_table(records))

@@ -12,7 +12,9 @@ sandbox) -> finish the rollout (on disk before it is reported).
 The sandbox: `RunnerConfig.sandbox`; else, for a task with an `image`, a `DockerSandbox` of that image (a task
 whose image cannot be run fails with cause `sandbox`: it is never run somewhere else); else a `NamespaceSandbox`
 reaching only the server where this machine can make one (Linux with bubblewrap), else a `LocalSandbox` (same
-user, no isolation: a warning says so).
+user, no isolation: a warning says so). Used as `async with Runner(...) as runner:`, sandboxes come from a warm pool
+(`RunnerConfig.pool`, `agents.pool`): made, entered and with their first process started before a rollout asks, so
+its agent starts at once; a runner used without `async with` makes each sandbox when it is needed.
 
 A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
 installed), `sandbox` (set-up failed), `upstream` (its last chat call failed upstream), `grader` (the grader could
@@ -27,7 +29,7 @@ import functools
 import logging
 import shutil
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,7 @@ from .cgroups import ResourceLimits
 from .errors import AgentConfigError, AgentError
 from .graders import GraderFailed, grade
 from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
+from .pool import PoolConfig, SandboxPool
 from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
 from .spec import AgentRollout, AgentSpec, program_paths
 from .tasks import Task
@@ -65,10 +68,13 @@ class RunnerConfig:
     setup_timeout_s: float = 300.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # pauses a sandbox backend that keeps failing
     resources: ResourceLimits | None = None  # per-rollout CPU/memory/pids limits of the default backends
+    pool: PoolConfig = field(default_factory=PoolConfig)  # prepared sandboxes per kind (under `async with` only)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.sandbox is not None and self.resources is not None and self.resources.any:
+            raise AgentConfigError("resources apply to the runner's own backends: give a custom sandbox its own limits")
 
 
 class _Failed(Exception):
@@ -92,6 +98,21 @@ class Runner:
         self._default_sandbox = config.sandbox or _default_sandbox(server, config.resources)
         # One circuit per backend: the default one, and each task image's (a broken image pauses only its tasks)
         self._breakers: dict[str | None, CircuitBreaker] = {None: CircuitBreaker(config.breaker)}
+        self._pool = SandboxPool(config.pool)
+        self._agent_paths: tuple[Path, ...] = ()  # what the agent's launches ran from (a warm container mounts it)
+
+    async def __aenter__(self) -> Runner:
+        await self._pool.__aenter__()
+        kind, make = self._sandbox_for(None)
+        await self._pool.prefill(kind, make)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._pool.__aexit__(*exc_info)
+
+    @property
+    def pool(self) -> SandboxPool:
+        return self._pool
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -145,7 +166,7 @@ class Runner:
             if waited := await breaker.admit():
                 rollout.note("sandbox_circuit_waited", seconds=round(waited, 3))
             try:
-                box = await stack.enter_async_context(self._sandbox_for(task))
+                box = await stack.enter_async_context(self._pool.sandbox(*self._sandbox_for(task)))
             except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, namespaces refused)
                 breaker.failed(str(exc))
                 raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
@@ -165,6 +186,7 @@ class Runner:
                 )
             except AgentError as exc:
                 raise _Failed("agent", str(exc)) from exc
+            self._agent_paths = tuple(dict.fromkeys((*self._agent_paths, *launch.host_paths)))
             result = await box.run(
                 launch,
                 limits=RunLimits(wall_s=task.limits.wall_s, idle_s=task.limits.idle_s),
@@ -179,16 +201,22 @@ class Runner:
                 raise _Failed("grader", str(exc)) from exc
             return graded.reward, graded.detail
 
-    def _sandbox_for(self, task: Task) -> Sandbox:
-        if self.config.sandbox is None and task.image is not None:
+    def _sandbox_for(self, task: Task | None) -> tuple[Hashable, Callable[[], Sandbox]]:
+        """The kind of sandbox a task runs in (the pool's key) and how to make one (None: the default kind)."""
+        if self.config.sandbox is None and task is not None and task.image is not None:
             from .docker_sandbox import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
 
             url = urlsplit(self.server.url)
-            return DockerSandbox(image=task.image, endpoint=(url.hostname or "127.0.0.1", url.port or 80),
-                                 network=task.network, limits=self.config.resources)
-        if self.config.sandbox is None and task.network == "open":
-            return self._default_sandbox(network="open")
-        return self._default_sandbox()
+            image, network = task.image, task.network
+
+            def make() -> Sandbox:  # a warm container mounts the programs the agent's launches have run from so far
+                return DockerSandbox(image=image, network=network, endpoint=(url.hostname or "127.0.0.1", url.port or 80),
+                                     limits=self.config.resources, warm_paths=(*self._agent_paths, *_GRADER_PATHS))
+
+            return ("docker", image, network), make
+        if self.config.sandbox is None and task is not None and task.network == "open":
+            return ("default", "open"), functools.partial(self._default_sandbox, network="open")
+        return ("default", "model"), self._default_sandbox
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         if task.workspace is not None:

@@ -165,7 +165,7 @@ async def train(config: TrainConfig) -> TrainResult:
                 )
             )
         )
-        runner = Runner(
+        runner = await stack.enter_async_context(Runner(
             server,
             RunnerConfig(
                 agent=_agent_spec(config, context_window=server.policy.max_model_len),
@@ -173,7 +173,7 @@ async def train(config: TrainConfig) -> TrainResult:
                 sampling=SamplingSettings(temperature=config.temperature, max_tokens=config.max_tokens),
                 concurrency=config.concurrency,
             ),
-        )
+        ))
         worker = InterceptorRolloutWorker(
             runner=runner,
             tasks=tasks,

@@ -58,6 +58,25 @@ async def test_agent_runs_the_tool_the_model_called_and_is_graded_on_the_host(se
     assert (tmp_path / "rollouts.jsonl").read_text().count(record.rollout_id) == 1
 
 
+async def test_rollouts_of_a_runner_under_async_with_start_from_its_warm_pool_and_stay_token_exact(server, scripted):
+    import asyncio
+
+    from agents.pool import PoolConfig
+
+    scripted.script(*([bash_call("answer 5"), "Submitted."] * 3))
+    async with Runner(server, RunnerConfig(agent=AGENT, concurrency=1, pool=PoolConfig(size=1))) as runner:
+        records = []
+        for i in range(3):
+            async with asyncio.timeout(30):  # the pool refills in the background: wait for it, then take
+                while not runner.pool.ready(("default", "model")):
+                    await asyncio.sleep(0.02)
+            records.append(await runner.run_rollout(task(id=f"t{i}")))
+        assert (runner.pool.taken_warm, runner.pool.taken_cold) == (3, 0)
+    assert [(r.status, r.reward) for r in records] == [("ok", 1.0)] * 3
+    for record, calls in zip(records, (scripted.calls[0:2], scripted.calls[2:4], scripted.calls[4:6]), strict=True):
+        assert_token_exact(record, calls)
+
+
 async def test_wrong_answer_is_reward_zero(server, scripted):
     scripted.script(bash_call("answer 6"), "Submitted.")
     (record,) = await Runner(server, RunnerConfig(agent=AGENT)).run_tasks([task()], n=1)
