@@ -8,14 +8,18 @@ The "agent" is `python3 -c` that sends one HTTP request to its `OPENAI_BASE_URL`
 request latency (p50, p90, max over `--runs` sequential cold starts: every sandbox is made anew, as a rollout's
 is), and for each `--concurrent` N: whether N sandboxes all reached their endpoint at once, the wall time for the
 N-th first request, and the memory they took (system `MemAvailable` before and while all are up). The namespace
-backend is skipped where bubblewrap cannot make namespaces, the Docker one where no daemon answers; there is no
-warm pool yet, so only cold starts.
+backend is skipped where bubblewrap cannot make namespaces, the Docker one where no daemon answers.
+
+Warm: the same start-to-first-request latency for a sandbox taken from a ready warm pool (`agents.pool`: made,
+entered and `warm()`ed ahead, untimed), which is what a rollout of `async with Runner(...)` gets; and the memory
+that `--prepared` idle prepared sandboxes hold while they wait.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -28,6 +32,7 @@ from aiohttp import web  # noqa: E402
 
 from agents.docker_sandbox import DockerSandbox, docker_unavailable  # noqa: E402
 from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable  # noqa: E402
+from agents.pool import prepare  # noqa: E402
 from agents.sandbox import LocalSandbox, RunLimits  # noqa: E402
 from agents.spec import AgentLaunch  # noqa: E402
 
@@ -62,29 +67,57 @@ def _available_mib() -> float:
     return float("nan")
 
 
-async def _one(make, endpoint: Endpoint, who: str) -> tuple[float, str]:
-    async with make() as box:
+async def _one(make, endpoint: Endpoint, who: str, *, warm: bool = False) -> tuple[float, str]:
+    async with contextlib.AsyncExitStack() as stack:
+        if warm:  # as a pool hands it out: made, entered and warmed before the clock starts
+            box = await prepare(make)
+            stack.push_async_exit(box.__aexit__)
+            if not box.warm_ready:
+                raise RuntimeError("the sandbox did not warm")
+        else:
+            box = await stack.enter_async_context(make())
         python = "python3" if isinstance(box, DockerSandbox) else sys.executable  # the image's own python
         launch = AgentLaunch(argv=(python, "-c", AGENT, who), cwd=box.workspace,
                              env={"OPENAI_BASE_URL": f"http://127.0.0.1:{endpoint.port}/v1"})
         started = time.perf_counter()
         result = await box.run(launch, limits=RunLimits(wall_s=120, idle_s=None))
+        if warm and box.warm_starts != 1:
+            raise RuntimeError("the warm sandbox's run started cold")
     return started, result.outcome + (f" {result.exit_code}" if result.exit_code else "")
 
 
-async def measure(name: str, make, endpoint: Endpoint, runs: int, concurrent: list[int]) -> dict:
+def _percentiles(latencies: list[float], prefix: str) -> dict:
+    latencies = sorted(latencies)
+    return {f"{prefix}_ms_p50": round(statistics.median(latencies), 1),
+            f"{prefix}_ms_p90": round(latencies[int(0.9 * (len(latencies) - 1))], 1),
+            f"{prefix}_ms_max": round(latencies[-1], 1)}
+
+
+async def _prepared_memory(make, count: int) -> float:
+    """MiB of available memory each idle prepared sandbox takes (`count` of them, waiting)."""
+    before = _available_mib()
+    boxes = [await prepare(make) for _ in range(count)]
+    await asyncio.sleep(1.0)  # their processes finish starting
+    during = _available_mib()
+    for box in boxes:
+        await box.__aexit__(None, None, None)
+    return round((before - during) / count, 1)
+
+
+async def measure(name: str, make, endpoint: Endpoint, runs: int, concurrent: list[int], prepared: int) -> dict:
     endpoint.release.set()
-    latencies = []
-    for i in range(runs):
-        who = f"{name}-cold-{i}"
-        started, outcome = await _one(make, endpoint, who)
-        if who not in endpoint.arrived:
-            raise RuntimeError(f"{name}: the agent never reached its endpoint ({outcome})")
-        latencies.append((endpoint.arrived[who] - started) * 1000)
-    latencies.sort()
-    report = {"cold_ms_p50": round(statistics.median(latencies), 1),
-              "cold_ms_p90": round(latencies[int(0.9 * (len(latencies) - 1))], 1),
-              "cold_ms_max": round(latencies[-1], 1), "concurrent": {}}
+    report: dict = {}
+    for mode in ("cold", "warm"):
+        latencies = []
+        for i in range(runs):  # alternating would interleave the two; each mode is a sequence of `runs` starts
+            who = f"{name}-{mode}-{i}"
+            started, outcome = await _one(make, endpoint, who, warm=mode == "warm")
+            if who not in endpoint.arrived:
+                raise RuntimeError(f"{name}: the agent never reached its endpoint ({outcome})")
+            latencies.append((endpoint.arrived[who] - started) * 1000)
+        report |= _percentiles(latencies, mode)
+    report["prepared_mib_each"] = await _prepared_memory(make, prepared)
+    report["concurrent"] = {}
     for n in concurrent:
         endpoint.release.clear()
         before = _available_mib()
@@ -126,7 +159,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     else:
         print(f"docker: skipped ({reason})")
     try:
-        return {name: await measure(name, make, endpoint, args.runs, args.concurrent) for name, make in backends.items()}
+        return {name: await measure(name, make, endpoint, args.runs, args.concurrent, args.prepared)
+                for name, make in backends.items()}
     finally:
         await runner.cleanup()
 
@@ -135,16 +169,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--concurrent", type=int, nargs="*", default=[8, 16, 32])
+    parser.add_argument("--prepared", type=int, default=8, help="idle prepared sandboxes for the memory figure")
     parser.add_argument("--image", default="interceptor/debian-python:bookworm",
                         help="the Docker backend's image (scripts/setup-docker.sh builds this one offline)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
-    print(f"{'backend':<10} {'cold p50 ms':>11} {'p90':>7} {'max':>7}   concurrent: up/N, last first request, MiB each")
+    print(f"{'backend':<10} {'cold p50 ms':>11} {'p90':>7} {'max':>7} {'warm p50 ms':>11} {'p90':>7} {'max':>7} "
+          f"{'prepared MiB':>12}   concurrent: up/N, last first request, MiB each")
     for name, r in results.items():
         cells = "  ".join(f"{n}: {c['up']}/{n} {c['last_first_request_s']}s {c['memory_mib_per_sandbox']}"
                           for n, c in r["concurrent"].items())
-        print(f"{name:<10} {r['cold_ms_p50']:>11} {r['cold_ms_p90']:>7} {r['cold_ms_max']:>7}   {cells}")
+        print(f"{name:<10} {r['cold_ms_p50']:>11} {r['cold_ms_p90']:>7} {r['cold_ms_max']:>7} {r['warm_ms_p50']:>11} "
+              f"{r['warm_ms_p90']:>7} {r['warm_ms_max']:>7} {r['prepared_mib_each']:>12}   {cells}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
