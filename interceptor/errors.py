@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,8 +29,11 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
+    "ErrorShape",
     "error_body",
     "errors_middleware",
+    "errors_middleware_for",
+    "openai_error",
     "json_response",
 ]
 
@@ -59,6 +63,8 @@ class BadRequest(ApiError):
 
 class ContextLengthExceeded(BadRequest):
     code = "context_length_exceeded"
+    prompt_tokens: int | None = None  # set by the gate: what Anthropic's "prompt is too long: N tokens > M" says
+    limit: int | None = None
 
 
 class Unauthorized(ApiError):
@@ -118,27 +124,45 @@ def json_response(data: object, status: int = 200, headers: dict | None = None) 
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
 
 
-@web.middleware
-async def errors_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """The one place errors become responses."""
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
-        return json_response(error_body(exc), status=exc.status, headers=headers)
-    except RequestPayloadError as exc:  # a body that cannot be read: bad chunking, a content-encoding that fails
-        return json_response(error_body(BadRequest(f"the request body could not be read: {exc}"[:500])), status=400)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return json_response(error_body(PayloadTooLarge(f"request body too large: {exc.text}")), status=413)
-    except web.HTTPException as exc:  # router-level 404/405
-        if exc.status < 400:
+ErrorShape = Callable[[web.Request, ApiError], tuple[int, dict]]  # an error's status and body for this request
+
+
+def openai_error(request: web.Request, error: ApiError) -> tuple[int, dict]:
+    return error.status, error_body(error)
+
+
+def errors_middleware_for(shape: ErrorShape = openai_error):
+    """The one place errors become responses, each in the shape the request's client expects (`shape`)."""
+
+    def respond(request: web.Request, error: ApiError, status: int | None = None) -> web.Response:
+        code, body = shape(request, error)
+        code = status or code
+        headers = {"Retry-After": "1"} if code in (429, 503, 529) else None
+        return json_response(body, status=code, headers=headers)
+
+    @web.middleware
+    async def errors_middleware(request: web.Request, handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return respond(request, exc)
+        except RequestPayloadError as exc:  # a body that cannot be read: bad chunking, a content-encoding that fails
+            return respond(request, BadRequest(f"the request body could not be read: {exc}"[:500]))
+        except web.HTTPRequestEntityTooLarge as exc:
+            return respond(request, PayloadTooLarge(f"request body too large: {exc.text}"))
+        except web.HTTPException as exc:  # router-level 404/405
+            if exc.status < 400:
+                raise
+            if exc.status == 404:
+                return respond(request, NotFound(f"{request.method} {request.path} is not an endpoint here"))
+            return respond(request, BadRequest(f"{request.method} is not allowed on {request.path}"), exc.status)
+        except (ConnectionResetError, asyncio.CancelledError):
             raise
-        error = NotFound(f"{request.method} {request.path} is not an endpoint here")
-        if exc.status != 404:
-            error = BadRequest(f"{request.method} is not allowed on {request.path}")
-        return json_response(error_body(error), status=exc.status)
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
-    except Exception:  # the top-level capture point: a defect, logged with its traceback, answered in shape
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response(error_body(ApiError("internal error; the server log has the details")), status=500)
+        except Exception:  # the top-level capture point: a defect, logged with its traceback, answered in shape
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return respond(request, ApiError("internal error; the server log has the details"))
+
+    return errors_middleware
+
+
+errors_middleware = errors_middleware_for()

@@ -132,14 +132,18 @@ def _checked_sampling(policy: Policy, rollout: Rollout, request: ChatRequest, pl
     wanted = rollout.sampling.max_tokens or request.max_tokens
     prompt_len = len(plan.prompt_ids)
     room = policy.max_model_len - prompt_len
+    if wanted is not None and request.max_tokens_is_cap and room >= 1:
+        wanted = min(wanted, room)
     if room < 1 or (wanted is not None and wanted > room):
         rollout.note("context_length_exceeded", prompt_tokens=prompt_len, max_tokens=wanted)
-        raise ContextLengthExceeded(
+        error = ContextLengthExceeded(
             f"This model's maximum context length is {policy.max_model_len} tokens. However, you requested "
             f"{prompt_len + (wanted or 0)} tokens ({prompt_len} in the messages, {wanted or 0} in the "
             "completion). Please reduce the length of the messages or completion.",
             param="messages",
         )
+        error.prompt_tokens, error.limit = prompt_len, policy.max_model_len
+        raise error
     sampling = _sampling(rollout, request, max_tokens=wanted or min(policy.default_max_tokens, room))
     stop_ids = _stop_ids(policy.renderer, request)
     if stop_ids:

@@ -46,6 +46,9 @@ class ChatRequest:
     logprobs: bool
     top_logprobs: int
     ignored: tuple[str, ...] = ()  # unknown fields, accepted and not acted on
+    # max_tokens as an upper bound the room left in the context also bounds (Anthropic's meaning), rather than a
+    # length the context must hold (OpenAI's: asking for more than fits is a context-length error)
+    max_tokens_is_cap: bool = False
 
 
 # Fields that change nothing about the answer: accepted as they come.

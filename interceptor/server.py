@@ -20,6 +20,7 @@ committed turn is journaled: a crash or a shutdown leaves the live rollouts as `
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,11 +31,13 @@ from aiohttp import web
 
 from .admin import add_admin_routes
 from .config import SamplingSettings, ServerConfig
-from .errors import ConfigError, Conflict, NotFound, errors_middleware, json_response
+from .dialects import Dialect, error_for
+from .dialects.chat import CHAT
+from .dialects.messages import MESSAGES
+from .errors import BadRequest, ConfigError, Conflict, NotFound, errors_middleware_for, json_response
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
 from .journal import Journal, journal_segments, recover_journal
 from .protocol import ChatRequest, ensure_serialisable, parse_chat_request, parse_json_body
-from .replies import Usage, chat_completion, new_completion_id
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .relay import relay_chat
@@ -101,10 +104,12 @@ class InterceptionServer:
         if self.config.mode == "interception_gate":
             self.policy = await self._load_policy()
             self.policy.journal_turn = self._journal_turn
-        app = web.Application(middlewares=[errors_middleware], client_max_size=self.config.max_body_bytes)
+        app = web.Application(middlewares=[errors_middleware_for(error_for)], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
         add_admin_routes(app, self)
-        app.router.add_post("/rollout/{rid}/v1/chat/completions", self._chat)
+        for dialect in (CHAT, MESSAGES):
+            app.router.add_post(f"/rollout/{{rid}}/v1/{dialect.path}", functools.partial(self._turn, dialect=dialect))
+        app.router.add_post("/rollout/{rid}/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/rollout/{rid}/v1/models", self._models)
         app.router.add_post("/rollout/{rid}/v1/tools/{tool}", self._tool)
         # handler_cancellation=False: a turn whose agent hung up still finishes and is recorded (a retry replays it)
@@ -282,30 +287,32 @@ class InterceptionServer:
     async def _health(self, request: web.Request) -> web.Response:
         return json_response({"status": "ok", "mode": self.config.mode, "live_rollouts": len(self.registry)})
 
-    def _authorize(self, request: web.Request, *, tools: bool = False) -> Rollout:
-        return self.registry.authorize(request.match_info["rid"], request.headers.get("Authorization"), tools=tools)
+    def _authorize(self, request: web.Request, *, tools: bool = False, dialect: Dialect = CHAT) -> Rollout:
+        return self.registry.authorize(request.match_info["rid"], dialect.authorization(request), tools=tools)
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        rollout = self._authorize(request)
+    async def _turn(self, request: web.Request, *, dialect: Dialect) -> web.StreamResponse:
+        rollout = self._authorize(request, dialect=dialect)
         rollout.in_flight += 1
         try:
-            return await self._answer_chat(request, rollout)
+            return await self._answer(request, rollout, dialect)
         finally:
             rollout.in_flight -= 1
             rollout.last_activity = time.monotonic()
 
-    async def _answer_chat(self, request: web.Request, rollout: Rollout) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, rollout: Rollout, dialect: Dialect) -> web.StreamResponse:
         raw = await request.read()
         heavy = len(raw) > HEAVY_REQUEST_BYTES  # its work goes to a worker thread, so other rollouts go on
         relayed = self.policy is None
+        if relayed and dialect is not CHAT:
+            raise BadRequest(f"black_box mode relays chat completions only; the {dialect.name} API is not relayed yet")
         if len(raw) > PARSE_OFF_LOOP_BYTES:
-            body, chat = await asyncio.to_thread(_parse_chat, raw, relayed)
+            body, chat = await asyncio.to_thread(_parse, dialect, raw, relayed)
         else:
-            body, chat = _parse_chat(raw, relayed)
+            body, chat = _parse(dialect, raw, relayed)
         if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
             rollout.ignored_noted.update(chat.ignored)
             rollout.note("ignored_request_fields", fields=list(chat.ignored))
-        if self.policy is None:
+        if relayed:
             ensure_serialisable(body, "body")  # relayed as JSON: it must serialise
             return await relay_chat(request, self._upstream, rollout, body, chat, journal=self._journal)
         attempts_key = hash(raw)  # SDK retries resend the same bytes
@@ -317,34 +324,25 @@ class InterceptionServer:
             if attempts is not None:
                 attempts.delivered = True
 
-        completion_id = new_completion_id()
         model = self.config.served_model_name
         if chat.stream:
-            return await stream_turn(
-                request,
-                turn,
-                completion_id=completion_id,
-                model=model,
-                include_usage=chat.include_usage,
-                hold_s=self.config.stream_hold_s,
-                keepalive_s=self.config.keepalive_s,
-                on_delivered=delivered,
-            )
+            return await stream_turn(request, turn, dialect.stream(chat, model=model), hold_s=self.config.stream_hold_s,
+                                     keepalive_s=self.config.keepalive_s, on_delivered=delivered)  # fmt: skip
         result = await turn
-        response = json_response(
-            chat_completion(
-                completion_id=completion_id,
-                model=model,
-                message=result.message,
-                finish_reason=result.finish_reason,
-                usage=Usage(result.prompt_tokens, result.completion_tokens),
-                logprobs=result.logprobs,
-            )
-        )
+        response = json_response(dialect.reply(result, chat, model=model))
         await response.prepare(request)
         await response.write_eof()
         delivered()
         return response
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's `POST /v1/messages/count_tokens`, answered from the renderer: the prompt's token count."""
+        self._authorize(request, dialect=MESSAGES)
+        if self.policy is None:
+            raise BadRequest("count_tokens needs the policy's tokenizer: it is answered in interception_gate mode")
+        chat = MESSAGES.parse_for_count(parse_json_body(await request.read()))
+        ids = await asyncio.to_thread(self.policy.renderer.render_full, chat.messages, chat.tools)
+        return json_response({"input_tokens": len(ids)})
 
     async def _models(self, request: web.Request) -> web.Response:
         self._authorize(request)
@@ -369,12 +367,12 @@ class InterceptionServer:
         return json_response(answer)
 
 
-def _parse_chat(raw: bytes, relayed: bool) -> tuple[dict, ChatRequest]:
+def _parse(dialect: Dialect, raw: bytes, relayed: bool) -> tuple[dict, ChatRequest]:
     body = parse_json_body(raw)
-    return body, parse_chat_request(body, relayed=relayed)
+    return body, parse_chat_request(body, relayed=True) if relayed else dialect.parse(body)
 
 
 def _sdk_retry(request: web.Request) -> bool:
-    """The OpenAI SDKs number their retries in `X-Stainless-Retry-Count` (0 on the first try)."""
+    """The OpenAI and Anthropic SDKs number their retries in `X-Stainless-Retry-Count` (0 on the first try)."""
     count = request.headers.get("X-Stainless-Retry-Count", "0")
     return count.isdigit() and int(count) > 0

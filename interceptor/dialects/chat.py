@@ -1,0 +1,74 @@
+"""OpenAI chat completions as a dialect: requests are `protocol.py`'s, replies `replies.py`'s."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..errors import ApiError, error_body
+from ..protocol import ChatRequest, parse_chat_request
+from ..replies import SSE_DONE, Usage, chat_chunks, chat_completion, encode_sse, new_completion_id
+from ..rollouts import TurnResult
+
+__all__ = ["CHAT", "ChatDialect"]
+
+
+class _ChatStream:
+    keepalive = b": keepalive\n\n"  # an SSE comment: openai-python, the OpenAI Node SDK and eventsource-parser skip it
+
+    def __init__(self, chat: ChatRequest, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.completion_id = new_completion_id()
+
+    def _chunks(self, result: TurnResult | None):
+        usage = Usage(result.prompt_tokens, result.completion_tokens) if result and self.chat.include_usage else None
+        return chat_chunks(
+            completion_id=self.completion_id,
+            model=self.model,
+            message=result.message if result else {},
+            finish_reason=result.finish_reason if result else "stop",
+            usage=usage,
+            logprobs=result.logprobs if result else None,
+        )
+
+    def opening(self) -> bytes:
+        return encode_sse(next(self._chunks(None)))  # the role delta
+
+    def events(self, result: TurnResult, *, opened: bool) -> bytes:
+        chunks = self._chunks(result)
+        if opened:
+            next(chunks)
+        return b"".join(encode_sse(c) for c in chunks) + SSE_DONE
+
+    def failure(self, error: ApiError) -> bytes:
+        return encode_sse(error_body(error)) + SSE_DONE
+
+
+class ChatDialect:
+    name = "chat"
+    path = "chat/completions"
+
+    def authorization(self, request: web.Request) -> str | None:
+        return request.headers.get("Authorization")
+
+    def parse(self, body: dict) -> ChatRequest:
+        return parse_chat_request(body)
+
+    def reply(self, result: TurnResult, chat: ChatRequest, *, model: str) -> dict:
+        return chat_completion(
+            completion_id=new_completion_id(),
+            model=model,
+            message=result.message,
+            finish_reason=result.finish_reason,
+            usage=Usage(result.prompt_tokens, result.completion_tokens),
+            logprobs=result.logprobs,
+        )
+
+    def stream(self, chat: ChatRequest, *, model: str) -> _ChatStream:
+        return _ChatStream(chat, model)
+
+    def error(self, error: ApiError) -> tuple[int, dict]:
+        return error.status, error_body(error)
+
+
+CHAT = ChatDialect()
