@@ -13,6 +13,7 @@ sandboxes that run them with limits.
 
 from __future__ import annotations
 
+from .claude import ClaudeAgent
 from .command import CommandAgent
 from .errors import AgentConfigError, AgentError, AgentNotInstalled, InstallError
 from .opencode import OpenCodeAgent
@@ -33,6 +34,7 @@ __all__ = [
     "AgentPackage",
     "AgentRollout",
     "AgentSpec",
+    "ClaudeAgent",
     "CommandAgent",
     "Heartbeat",
     "InstallError",
@@ -48,4 +50,6 @@ __all__ = [
 ]
 
 # The agents `interceptor run --agent NAME` can build with default settings.
-AGENT_SPECS: dict[str, type[PiAgent] | type[OpenCodeAgent]] = {"pi": PiAgent, "opencode": OpenCodeAgent}
+AGENT_SPECS: dict[str, type[PiAgent] | type[OpenCodeAgent] | type[ClaudeAgent]] = {
+    "pi": PiAgent, "opencode": OpenCodeAgent, "claude": ClaudeAgent,
+}

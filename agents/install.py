@@ -80,9 +80,9 @@ def _check_version(package: AgentPackage, binary: Path) -> None:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InstallError(f"{binary} --version did not run: {exc}") from exc
-    # Pi prints its version on stderr, OpenCode on stdout.
+    # Pi prints its version on stderr, OpenCode on stdout, Claude Code "2.1.330 (Claude Code)", Codex "codex-cli X".
     reported = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or [""]
-    if done.returncode != 0 or reported[0].strip() != package.version:
+    if done.returncode != 0 or package.version not in reported[0].split():
         raise InstallError(
             f"{binary} --version reported {reported[0]!r} (exit {done.returncode}), expected {package.version}:\n"
             f"{done.stderr[-2000:]}"

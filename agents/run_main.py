@@ -24,6 +24,7 @@ from interceptor.config import SamplingSettings, ServerConfig, UpstreamConfig
 from interceptor.records import RolloutRecord
 from interceptor.server import InterceptionServer
 
+from .claude import ClaudeAgent
 from .command import CommandAgent
 from .opencode import OpenCodeAgent
 from .pi import PiAgent
@@ -43,6 +44,8 @@ def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
         return PiAgent(context_window=context_window, max_tokens=args.max_tokens or 512)
     if args.agent == "opencode":
         return OpenCodeAgent(context_window=context_window, max_tokens=args.max_tokens or 512)
+    if args.agent == "claude":
+        return ClaudeAgent(max_output_tokens=args.max_tokens)
     if not args.command:
         raise SystemExit("--agent command needs --command 'program args...'")
     return CommandAgent(argv=tuple(shlex.split(args.command)))

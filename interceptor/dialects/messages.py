@@ -2,7 +2,8 @@
 `anthropic` SDKs speak it.
 
 Requests become the gate's OpenAI-style conversation:
-- `system` (a string or text blocks; `cache_control` is inert) is the first message;
+- `system` (a string or text blocks; `cache_control` is inert) is the first message; a `system` message inside
+  `messages` (Claude Code 2.1 sends its environment notes so) stays a system message where it is;
 - a user message's `tool_result` blocks become `tool` messages (in order, before the user's own text, as the API
   requires them first), its `text` blocks one user message; an assistant message's `text` blocks its content,
   `thinking` its `reasoning_content`, `tool_use` its tool calls (`input` serialised as the arguments);
@@ -242,9 +243,12 @@ def _messages(messages: object) -> list[dict]:
     out: list[dict] = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"{param} must be an object with role 'user' or 'assistant'", param=param)
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+            raise BadRequest(f"{param} must be an object with role 'user', 'assistant' or 'system'", param=param)
         content = message.get("content")
+        if message["role"] == "system":  # Claude Code sends its environment notes as a system message mid-list
+            out.append({"role": "system", "content": _text_of(content, f"{param}.content")})
+            continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise BadRequest(f"{param}.content must be a string or a list of blocks", param=f"{param}.content")

@@ -71,8 +71,8 @@ def test_missing_npm_says_what_to_install(tmp_path, monkeypatch):
 
 
 def test_unknown_agent_is_refused(tmp_path):
-    with pytest.raises(InstallError, match="known: opencode, pi"):
-        install_agent("claude", root=tmp_path)
+    with pytest.raises(InstallError, match="known: claude, opencode, pi"):
+        install_agent("aider", root=tmp_path)
 
 
 def test_main_installs_and_returns_nonzero_on_failure(tmp_path, fake_npm, monkeypatch, capsys):
