@@ -93,12 +93,14 @@ async def chat(
     body: dict | None = None,
     raw: bytes | None = None,
     headers: dict[str, str] | None = None,
+    path: str = "/chat/completions",
 ) -> Answer:
-    """POST a chat completion; `raw` sends exact bytes (an SDK retry resends the same body). A connection that
-    breaks before the status line raises `aiohttp.ClientError`; one that breaks in the body is `Answer.broken`."""
+    """POST a chat completion (or, with `path`, another dialect's request); `raw` sends exact bytes (an SDK retry
+    resends the same body). A connection that breaks before the status line raises `aiohttp.ClientError`; one that
+    breaks in the body is `Answer.broken`."""
     data = raw if raw is not None else orjson.dumps(body)
     sent = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json", **(headers or {})}
-    async with http.post(base_url + "/chat/completions", data=data, headers=sent) as resp:
+    async with http.post(base_url + path, data=data, headers=sent) as resp:
         received, broken = [], None
         try:
             async for chunk in resp.content.iter_any():
