@@ -34,6 +34,7 @@ from .config import SamplingSettings, ServerConfig
 from .dialects import Dialect, error_for
 from .dialects.chat import CHAT
 from .dialects.messages import MESSAGES
+from .dialects.responses import RESPONSES
 from .errors import BadRequest, ConfigError, Conflict, NotFound, errors_middleware_for, json_response
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
 from .journal import Journal, journal_segments, recover_journal
@@ -107,7 +108,7 @@ class InterceptionServer:
         app = web.Application(middlewares=[errors_middleware_for(error_for)], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
         add_admin_routes(app, self)
-        for dialect in (CHAT, MESSAGES):
+        for dialect in (CHAT, MESSAGES, RESPONSES):
             app.router.add_post(f"/rollout/{{rid}}/v1/{dialect.path}", functools.partial(self._turn, dialect=dialect))
         app.router.add_post("/rollout/{rid}/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/rollout/{rid}/v1/models", self._models)

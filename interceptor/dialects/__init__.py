@@ -2,6 +2,7 @@
 
     POST /rollout/<id>/v1/chat/completions    OpenAI chat completions (`chat`)
     POST /rollout/<id>/v1/messages            Anthropic Messages (`messages`), and /v1/messages/count_tokens
+    POST /rollout/<id>/v1/responses           OpenAI Responses (`responses`), as Codex CLI speaks it
 
 A dialect turns its request into the one `ChatRequest` the gate plans, generates and records (OpenAI-style
 messages and function tools, which the chat template renders), and turns the `TurnResult` back into its own reply,
@@ -58,9 +59,12 @@ def dialect_for_path(path: str) -> Dialect:
     """The dialect of a request path (its errors are answered in that dialect's shape); chat by default."""
     from .chat import CHAT  # noqa: PLC0415  (the registry imports the dialects, which import this module)
     from .messages import MESSAGES  # noqa: PLC0415
+    from .responses import RESPONSES  # noqa: PLC0415
 
     if "/v1/messages" in path:
         return MESSAGES
+    if "/v1/responses" in path:
+        return RESPONSES
     return CHAT
 
 

@@ -1,0 +1,396 @@
+"""The OpenAI Responses API as a dialect: `POST /v1/responses`, as Codex CLI and the `openai` SDKs speak it.
+
+Nothing is stored here (`store: false`): each request carries the whole history; `previous_response_id`,
+`conversation`, `prompt`, `background` are refused. Requests become the gate's OpenAI-style conversation:
+- `instructions` is a leading system message; `input` as a string is one user message;
+- `message` items (an item with a `role` and no `type` is one too): `input_text`/`output_text` parts joined with
+  "\n", `developer` becomes `system`; images and files are refused;
+- `function_call` items are tool calls (id `call_id`, arguments as sent) on the assistant message before them, or
+  on a new one: an assistant message and the calls after it are one assistant turn, as the policy sampled it;
+- `function_call_output` items are `tool` messages (a string, or text parts joined with "\n");
+- `reasoning` items: their text (`content`, else `summary`) becomes the next assistant turn's
+  `reasoning_content`; one with encrypted content only (reasoning this policy never produced) is dropped, as the
+  Messages dialect drops `redacted_thinking`. Any other item type is refused with a 400 that names it;
+- `function` tools become function tools (`strict` is neither rendered nor enforced: the policy's own sampling
+  writes the arguments); a built-in tool (`web_search`, `local_shell`, `custom`, ...) is refused;
+- `tool_choice` auto/none and `parallel_tool_calls` honoured; `required` or a named tool refused, as in chat;
+  `max_output_tokens` is chat's `max_tokens` (more than the context holds is a context-length error);
+  `temperature`, `top_p` honoured unless the rollout pins them; `text.format` other than text refused;
+  `store`, `metadata`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier`, `stream_options` change
+  nothing; anything else (`reasoning`, `include`, `truncation`, ...) is accepted and noted as not acted on.
+
+Replies: a `response` whose `output` holds a `reasoning` item (the text as one `summary_text`, no encrypted
+content), a `message` item with one `output_text`, and a `function_call` item per call (`call_id` the gate's tool
+call id); status `incomplete` (`max_output_tokens`) when the generation was cut by length. Streams:
+`response.created`, `response.in_progress`, per item `output_item.added`, its part and text or argument deltas and
+dones, `output_item.done`, then `response.completed` (or `response.incomplete`), every event numbered by
+`sequence_number`; an SSE comment while a long generation runs; a failure after the headers is `response.failed`
+carrying the error's code (`context_length_exceeded` is what Codex stops on). Errors before the headers are
+OpenAI's shape, with chat's statuses. The credential is `Authorization: Bearer`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import orjson
+from aiohttp import web
+
+from ..errors import ApiError, BadRequest, error_body
+from ..protocol import ChatRequest, ensure_serialisable
+from ..rollouts import TurnResult
+
+__all__ = ["RESPONSES", "ResponsesDialect"]
+
+_NOTED_OK = frozenset({  # fields acted on here, and fields that change nothing about the answer
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+    "temperature", "top_p", "stream", "text", "previous_response_id", "conversation", "prompt", "background",
+    "store", "metadata", "user", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
+})
+_STATELESS = ("previous_response_id", "conversation", "prompt")  # all need a response store the gate lacks
+_TEXT_PARTS = frozenset({"input_text", "output_text"})
+_INT64 = 2**63
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+class ResponsesDialect:
+    name = "responses"
+    path = "responses"
+
+    def authorization(self, request: web.Request) -> str | None:
+        return request.headers.get("Authorization")
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    def parse(self, body: dict) -> ChatRequest:
+        for key in _STATELESS:
+            if body.get(key) is not None:
+                raise BadRequest(f"{key} is not supported: nothing is stored here (store: false); send the whole "
+                                 "history in input", param=key)  # fmt: skip
+        if body.get("background") not in (None, False):
+            raise BadRequest("background responses are not supported", param="background")
+        text = body.get("text")
+        ignored = {k for k in body if k not in _NOTED_OK}
+        if text is not None:
+            if not isinstance(text, dict) or text.get("format", {"type": "text"}) != {"type": "text"}:
+                raise BadRequest("text.format other than {'type': 'text'} is not supported", param="text.format")
+            ignored.update(f"text.{k}" for k in text if k != "format")  # verbosity: the policy writes as it writes
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise BadRequest("instructions must be a string", param="instructions")
+        messages = ([{"role": "system", "content": instructions}] if instructions else []) + _input(body.get("input"))
+        tools = _tools(body.get("tools"))
+        ensure_serialisable(tools, "tools")
+        return ChatRequest(
+            model=_typed(body, "model", str, ""),
+            messages=messages,
+            tools=tools,
+            tools_key=orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b"",
+            tool_choice=_tool_choice(body.get("tool_choice")),
+            parallel_tool_calls=_typed(body, "parallel_tool_calls", bool, True),
+            stream=_typed(body, "stream", bool, False),
+            include_usage=True,
+            max_tokens=_max_output_tokens(body.get("max_output_tokens")),
+            temperature=_number(body, "temperature", 0.0, 2.0),
+            top_p=_number(body, "top_p", 0.0, 1.0),
+            top_k=None,
+            seed=None,
+            logprobs=False,
+            top_logprobs=0,
+            ignored=tuple(sorted(ignored)),
+        )
+
+    # ------------------------------------------------------------------------------------------- replies
+
+    def reply(self, result: TurnResult, chat: ChatRequest, *, model: str) -> dict:
+        output = _output_items(result.message, incomplete=result.finish_reason == "length")
+        return _response(_new_id("resp"), chat, model, output=output, result=result)
+
+    def stream(self, chat: ChatRequest, *, model: str) -> _ResponsesStream:
+        return _ResponsesStream(chat, model)
+
+    def error(self, error: ApiError) -> tuple[int, dict]:
+        return error.status, error_body(error)
+
+
+def _response(response_id: str, chat: ChatRequest, model: str, *, output: list[dict],
+              result: TurnResult | None = None, status: str | None = None, error: dict | None = None) -> dict:
+    """A `response` object: in progress (no result yet), completed or incomplete (a result), or failed."""
+    incomplete = result is not None and result.finish_reason == "length"
+    if status is None:
+        status = "in_progress" if result is None else "incomplete" if incomplete else "completed"
+    usage = None
+    if result is not None:
+        usage = {
+            "input_tokens": result.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": result.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+        }
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": None,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": chat.parallel_tool_calls,
+        "temperature": chat.temperature,
+        "top_p": chat.top_p,
+        "max_output_tokens": chat.max_tokens,
+        "tool_choice": chat.tool_choice,
+        "tools": [{"type": "function", **tool["function"]} for tool in chat.tools or ()],
+        "text": {"format": {"type": "text"}},
+        "store": False,
+        "metadata": {},
+        "usage": usage,
+    }
+
+
+def _output_items(message: dict, *, incomplete: bool) -> list[dict]:
+    """An assistant message of the gate as Responses output items: reasoning, text, function calls."""
+    status = "incomplete" if incomplete else "completed"
+    items: list[dict] = []
+    if message.get("reasoning_content"):
+        items.append({"type": "reasoning", "id": _new_id("rs"),
+                      "summary": [{"type": "summary_text", "text": message["reasoning_content"]}]})  # fmt: skip
+    if message.get("content"):
+        items.append({"type": "message", "id": _new_id("msg"), "role": "assistant", "status": status,
+                      "content": [{"type": "output_text", "text": message["content"], "annotations": []}]})  # fmt: skip
+    for call in message.get("tool_calls") or ():
+        items.append({"type": "function_call", "id": _new_id("fc"), "call_id": call["id"],
+                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                      "status": "completed"})  # fmt: skip
+    return items
+
+
+class _ResponsesStream:
+    keepalive = b": keepalive\n\n"  # an SSE comment: openai-python and Codex's SSE reader skip it
+
+    def __init__(self, chat: ChatRequest, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.response_id = _new_id("resp")
+        self._sequence = 0
+
+    def _event(self, kind: str, **fields) -> bytes:
+        data = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    def opening(self) -> bytes:
+        response = _response(self.response_id, self.chat, self.model, output=[])
+        return self._event("response.created", response=response) + self._event("response.in_progress",
+                                                                                 response=response)  # fmt: skip
+
+    def events(self, result: TurnResult, *, opened: bool) -> bytes:
+        out = [] if opened else [self.opening()]
+        incomplete = result.finish_reason == "length"
+        output = _output_items(result.message, incomplete=incomplete)
+        for index, item in enumerate(output):
+            out.append(self._item(index, item))
+        final = _response(self.response_id, self.chat, self.model, output=output, result=result)
+        out.append(self._event("response.incomplete" if incomplete else "response.completed", response=final))
+        return b"".join(out)
+
+    def _item(self, index: int, item: dict) -> bytes:
+        kind, item_id = item["type"], item["id"]
+        where = {"item_id": item_id, "output_index": index}
+        if kind == "reasoning":
+            text = item["summary"][0]["text"]
+            part = {"type": "summary_text", "text": text}
+            events = [
+                self._event("response.output_item.added", output_index=index, item={**item, "summary": []}),
+                self._event("response.reasoning_summary_part.added", **where, summary_index=0,
+                            part={**part, "text": ""}),
+                self._event("response.reasoning_summary_text.delta", **where, summary_index=0, delta=text),
+                self._event("response.reasoning_summary_text.done", **where, summary_index=0, text=text),
+                self._event("response.reasoning_summary_part.done", **where, summary_index=0, part=part),
+            ]  # fmt: skip
+        elif kind == "message":
+            part = item["content"][0]
+            events = [
+                self._event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "content": []}),
+                self._event("response.content_part.added", **where, content_index=0, part={**part, "text": ""}),
+                self._event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=[]),
+                self._event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[]),
+                self._event("response.content_part.done", **where, content_index=0, part=part),
+            ]  # fmt: skip
+        else:  # function_call
+            events = [
+                self._event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "arguments": ""}),
+                self._event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+                self._event("response.function_call_arguments.done", **where, name=item["name"],
+                            arguments=item["arguments"]),
+            ]  # fmt: skip
+        events.append(self._event("response.output_item.done", output_index=index, item=item))
+        return b"".join(events)
+
+    def failure(self, error: ApiError) -> bytes:
+        failed = {"code": error.code or error.type, "message": error.message}
+        response = _response(self.response_id, self.chat, self.model, output=[], status="failed", error=failed)
+        return self._event("response.failed", response=response)
+
+
+# ---------------------------------------------------------------------------------------- request parts
+
+
+def _input(items: object) -> list[dict]:
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise BadRequest("input must be a string or a non-empty list of items", param="input")
+    messages: list[dict] = []
+    reasoning: str | None = None  # from a reasoning item, for the assistant turn that follows it
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{param} must be an object", param=param)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            reasoning = _reasoning_text(item, param) or None
+            continue
+        if kind == "message":
+            message = _message(item, param)
+        elif kind == "function_call":
+            call = _function_call(item, param)
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and reasoning is None:
+                last.setdefault("tool_calls", []).append(call)  # the same turn: text, then its calls
+                continue
+            message = {"role": "assistant", "content": "", "tool_calls": [call]}
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise BadRequest(f"{param}.call_id must be a string", param=f"{param}.call_id")
+            message = {"role": "tool", "tool_call_id": item["call_id"],
+                       "content": _text_of(item.get("output"), f"{param}.output")}  # fmt: skip
+        else:
+            raise BadRequest(f"{param}: item type {kind!r} is not supported; send message, function_call, "
+                             "function_call_output and reasoning items", param=param)  # fmt: skip
+        if message["role"] == "assistant" and reasoning is not None:
+            message["reasoning_content"] = reasoning
+        reasoning = None
+        messages.append(message)
+    if not messages:
+        raise BadRequest("input holds no message", param="input")
+    return messages
+
+
+def _message(item: dict, param: str) -> dict:
+    role = item.get("role")
+    if role not in ("user", "system", "developer", "assistant"):
+        raise BadRequest(f"{param}.role must be user, system, developer or assistant", param=f"{param}.role")
+    content = _text_of(item.get("content"), f"{param}.content")
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _function_call(item: dict, param: str) -> dict:
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise BadRequest(f"{param}.{key} must be a string", param=f"{param}.{key}")
+    return {"id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+
+
+def _reasoning_text(item: dict, param: str) -> str:
+    """The reasoning's text (`content`, else `summary`), or "" when it is encrypted only."""
+    for key in ("content", "summary"):
+        parts = item.get(key) or []
+        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                   for p in parts):  # fmt: skip
+            raise BadRequest(f"{param}.{key} must be a list of text parts", param=f"{param}.{key}")
+        if parts:
+            return "\n".join(p["text"] for p in parts)
+    return ""
+
+
+def _text_of(content: object, param: str) -> str:
+    """A string, or input_text/output_text parts joined with newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{param} must be a string or a list of text parts", param=param)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise BadRequest(f"{param}[{j}]: {kind} parts are not supported; send text only", param=param)
+        else:
+            raise BadRequest(f"{param}[{j}] must be an input_text or output_text part", param=param)
+    return "\n".join(texts)
+
+
+def _tools(tools: object) -> list[dict] | None:
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        param = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise BadRequest(f"{param}: tool type {kind!r} is not supported; define it as a function tool",
+                             param=param)  # fmt: skip
+        parameters = tool.get("parameters")
+        if not isinstance(tool.get("name"), str) or not isinstance(parameters, (dict, type(None))):
+            raise BadRequest(f"{param} needs a name, and parameters as an object", param=param)
+        function: dict = {"name": tool["name"]}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        if parameters is not None:
+            function["parameters"] = parameters
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: object) -> str:
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "none":
+        return "none"
+    if choice == "required" or isinstance(choice, dict):
+        raise BadRequest("tool_choice 'required' or naming a tool is not supported: the policy's own sampling "
+                         "decides whether it calls a tool (use 'auto' or 'none')", param="tool_choice")  # fmt: skip
+    raise BadRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
+
+
+def _max_output_tokens(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _INT64:
+        raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
+    return value
+
+
+def _typed(body: dict, key: str, kind: type, default):
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise BadRequest(f"{key} must be a {kind.__name__}", param=key)
+    return value
+
+
+def _number(body: dict, key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise BadRequest(f"{key} must be a number from {low} to {high}", param=key)
+    return float(value)
+
+
+RESPONSES = ResponsesDialect()
