@@ -14,6 +14,7 @@ sandboxes that run them with limits.
 from __future__ import annotations
 
 from .claude import ClaudeAgent
+from .codex import CodexAgent
 from .command import CommandAgent
 from .errors import AgentConfigError, AgentError, AgentNotInstalled, InstallError
 from .opencode import OpenCodeAgent
@@ -35,6 +36,7 @@ __all__ = [
     "AgentRollout",
     "AgentSpec",
     "ClaudeAgent",
+    "CodexAgent",
     "CommandAgent",
     "Heartbeat",
     "InstallError",
@@ -50,6 +52,6 @@ __all__ = [
 ]
 
 # The agents `interceptor run --agent NAME` can build with default settings.
-AGENT_SPECS: dict[str, type[PiAgent] | type[OpenCodeAgent] | type[ClaudeAgent]] = {
-    "pi": PiAgent, "opencode": OpenCodeAgent, "claude": ClaudeAgent,
+AGENT_SPECS: dict[str, type[PiAgent] | type[OpenCodeAgent] | type[ClaudeAgent] | type[CodexAgent]] = {
+    "pi": PiAgent, "opencode": OpenCodeAgent, "claude": ClaudeAgent, "codex": CodexAgent,
 }

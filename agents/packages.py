@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import AgentConfigError, AgentNotInstalled
 
-__all__ = ["CLAUDE", "OPENCODE", "PACKAGES", "PI", "AgentPackage", "agents_dir", "find_binary", "installed_binary"]
+__all__ = ["CLAUDE", "CODEX", "OPENCODE", "PACKAGES", "PI", "AgentPackage", "agents_dir", "find_binary", "installed_binary"]
 
 STAMP = ".interceptor-installed"  # written into the prefix after the installed program reported its version
 
@@ -43,7 +43,9 @@ PI = AgentPackage(name="pi", npm="@mariozechner/pi-coding-agent", version="0.73.
 OPENCODE = AgentPackage(name="opencode", npm="opencode-ai", version="1.18.33", bin="opencode")
 # A native binary in a per-platform optional dependency; speaks the Anthropic Messages API only.
 CLAUDE = AgentPackage(name="claude", npm="@anthropic-ai/claude-code", version="2.1.330", bin="claude")
-PACKAGES: dict[str, AgentPackage] = {package.name: package for package in (PI, OPENCODE, CLAUDE)}
+# A native (Rust) binary in a per-platform optional dependency; speaks the OpenAI Responses API only.
+CODEX = AgentPackage(name="codex", npm="@openai/codex", version="0.169.0", bin="codex")
+PACKAGES: dict[str, AgentPackage] = {package.name: package for package in (PI, OPENCODE, CLAUDE, CODEX)}
 
 
 def agents_dir() -> Path:

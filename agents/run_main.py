@@ -25,6 +25,7 @@ from interceptor.records import RolloutRecord
 from interceptor.server import InterceptionServer
 
 from .claude import ClaudeAgent
+from .codex import CodexAgent
 from .command import CommandAgent
 from .opencode import OpenCodeAgent
 from .pi import PiAgent
@@ -46,6 +47,8 @@ def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
         return OpenCodeAgent(context_window=context_window, max_tokens=args.max_tokens or 512)
     if args.agent == "claude":
         return ClaudeAgent(max_output_tokens=args.max_tokens)
+    if args.agent == "codex":
+        return CodexAgent(context_window=context_window)
     if not args.command:
         raise SystemExit("--agent command needs --command 'program args...'")
     return CommandAgent(argv=tuple(shlex.split(args.command)))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Install the pinned agents the e2e tests and `interceptor run` use (Pi, OpenCode and Claude Code) from npm into
+# Install the pinned agents the e2e tests and `interceptor run` use (Pi, OpenCode, Claude Code and Codex CLI) from npm into
 # ${INTERCEPTOR_AGENTS_DIR:-$HOME/.cache/interceptor/agents}. Idempotent: pinned versions already installed are kept.
 #
-#   scripts/setup-agents.sh              # pi, opencode and claude
+#   scripts/setup-agents.sh              # pi, opencode, claude and codex
 #   scripts/setup-agents.sh pi           # just one
 #   scripts/setup-agents.sh --force pi   # reinstall
 #
@@ -31,7 +31,7 @@ for arg in "$@"; do
     *) names+=("$arg") ;;
   esac
 done
-(( ${#names[@]} )) || names=(pi opencode claude)
+(( ${#names[@]} )) || names=(pi opencode claude codex)
 
 step "node $(node --version), npm $(npm --version); installing ${names[*]}"
 .venv/bin/python -m agents.install "${names[@]}" "${force[@]}"

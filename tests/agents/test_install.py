@@ -71,7 +71,7 @@ def test_missing_npm_says_what_to_install(tmp_path, monkeypatch):
 
 
 def test_unknown_agent_is_refused(tmp_path):
-    with pytest.raises(InstallError, match="known: claude, opencode, pi"):
+    with pytest.raises(InstallError, match="known: claude, codex, opencode, pi"):
         install_agent("aider", root=tmp_path)
 
 
