@@ -1,19 +1,26 @@
-"""`black_box` mode: relay a chat request to an upstream OpenAI-compatible API and record the message trace.
+"""`black_box` mode: relay a turn to an upstream API in the agent's own dialect and record the message trace.
 
 The agent's body goes upstream as it came, except `model` (the configured upstream model, when set) and the
 credentials (the server's key, never the agent's). A stream is passed through chunk by chunk as it arrives; the
-assistant message is rebuilt from the deltas on the side, for the trace. No token data exists in this mode.
-Any answer that is not a success (a 404 for an unknown model as much as a 503) is an upstream failure of the
-rollout, and a stream the upstream breaks off ends with an `error` event.
+assistant message is rebuilt from the events on the side, for the trace, in the one internal OpenAI-style form
+(role, content, tool_calls, reasoning_content) whatever the dialect. No token data exists in this mode.
+Any answer that is not a success (a 404 for an unknown model as much as a 503), and an error event inside a
+stream, is an upstream failure of the rollout; a stream the upstream breaks off ends with the dialect's error event.
+
+What differs per dialect (the upstream path and headers, how a reply and a stream are read back, the error event)
+is a `RelayShape`: chat's is here, Messages' and Responses' are in `relay_dialects.py`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from .errors import UpstreamError, UpstreamUnavailable, error_body
+from .errors import ApiError, UpstreamError, UpstreamUnavailable, error_body
 from .journal import Journal
 from .protocol import ChatRequest
 from .replies import SSE_DONE, encode_sse
@@ -22,16 +29,47 @@ from .streaming import SSE_HEADERS
 from .trajectory import message_key
 from .upstream import UpstreamClient
 
-__all__ = ["relay_chat"]
+__all__ = ["CHAT_RELAY", "Rebuilt", "RelayShape", "StreamCollector", "json_object", "relay_turn", "sse_payloads"]
 
 
-async def relay_chat(
+@dataclass(frozen=True, slots=True)
+class Rebuilt:
+    """The upstream's answer read back for the trace: the assistant message in internal form, and its usage."""
+
+    message: dict | None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None  # an error event inside a stream: the turn failed upstream
+
+
+class StreamCollector(Protocol):
+    def feed(self, data: bytes) -> None: ...
+
+    def rebuilt(self) -> Rebuilt: ...
+
+    def failure(self, error: ApiError) -> bytes: ...  # the dialect's error event, for a stream broken off
+
+
+class RelayShape(Protocol):
+    path: str  # the upstream path, e.g. /v1/chat/completions
+    key_header: str | None  # the header that carries the server's key; None: `Authorization: Bearer`
+
+    def headers(self, request: web.Request) -> dict[str, str]: ...  # the agent's headers the upstream needs
+
+    def read_reply(self, body: object) -> Rebuilt: ...  # a JSON reply; KeyError/TypeError/... if it is not one
+
+    def collector(self) -> StreamCollector: ...
+
+
+async def relay_turn(
     request: web.Request,
     upstream: UpstreamClient,
     rollout: Rollout,
     body: dict,
     chat: ChatRequest,
     *,
+    shape: RelayShape,
     journal: Journal | None,
 ) -> web.StreamResponse:
     if upstream.config.model:
@@ -42,10 +80,9 @@ async def relay_chat(
     entry: dict = rollout.scrub({"new_messages": chat.messages[known:], "known_messages": known})
     rollout.trace.append(entry)
     try:
-        return await _relay(request, upstream, rollout, body, chat, entry)
+        return await _relay(request, upstream, rollout, body, chat, entry, shape)
     except UpstreamError as exc:
-        rollout.upstream_failed(exc.message)
-        rollout.note("upstream_error", status=exc.status, message=exc.message)
+        _failed(rollout, exc.status, exc.message)
         raise
     finally:
         if journal is not None:
@@ -53,37 +90,81 @@ async def relay_chat(
 
 
 async def _relay(
-    request: web.Request, upstream: UpstreamClient, rollout: Rollout, body: dict, chat: ChatRequest, entry: dict
+    request: web.Request,
+    upstream: UpstreamClient,
+    rollout: Rollout,
+    body: dict,
+    chat: ChatRequest,
+    entry: dict,
+    shape: RelayShape,
 ) -> web.StreamResponse:
-    async with upstream.relay("/v1/chat/completions", orjson.dumps(body)) as resp:
+    async with upstream.relay(
+        shape.path, orjson.dumps(body), extra_headers=shape.headers(request), key_header=shape.key_header
+    ) as resp:
         entry["status"] = resp.status
         if resp.status < 400:
             rollout.trailing_upstream_failures = 0
         else:
-            rollout.upstream_failed(f"the upstream answered {resp.status}")
-            rollout.note("upstream_error", status=resp.status)
+            _failed(rollout, resp.status, f"the upstream answered {resp.status}")
         if not chat.stream or resp.status >= 400 or not resp.content_type.startswith("text/event-stream"):
             raw = await resp.read()
-            _record_completion(rollout, entry, raw)
+            if resp.status < 400:
+                _record(rollout, entry, _read_reply(shape, raw))
+            else:
+                entry["response_error"] = raw[:2000].decode(errors="replace")
             return web.Response(body=raw, status=resp.status, content_type=resp.content_type or "application/json")
         response = web.StreamResponse(status=resp.status, headers=SSE_HEADERS)
         await response.prepare(request)
-        collected = _StreamCollector()
+        collector, pending = shape.collector(), b""
         try:
             async for chunk in resp.content.iter_any():
-                await response.write(chunk)
-                collected.feed(chunk)
+                events, pending = _complete_events(pending + chunk)
+                if events:
+                    await response.write(events)
+                    collector.feed(events)
+            if pending:  # the stream ended without a blank line after its last event
+                await response.write(pending)
+                collector.feed(pending + b"\n\n")
         except (aiohttp.ClientError, TimeoutError) as exc:  # the upstream broke off after the headers
             error = UpstreamUnavailable(f"the upstream stream broke off: {type(exc).__name__}")
-            rollout.upstream_failed(error.message)
-            rollout.note("upstream_error", status=error.status, message=error.message)
+            _failed(rollout, error.status, error.message)
             entry["stream_error"] = error.message
-            await response.write(encode_sse(error_body(error)) + SSE_DONE)
+            await response.write(collector.failure(error))  # the event cut in half is dropped: it would not parse
         await response.write_eof()
-        entry["response"] = collected.message()
-        entry["finish_reason"] = collected.finish_reason
-        _add_usage(rollout, collected.usage)
+        rebuilt = collector.rebuilt()
+        if rebuilt.error is not None and "stream_error" not in entry:  # the upstream's own error event
+            _failed(rollout, resp.status, rebuilt.error)
+            entry["stream_error"] = rebuilt.error
+        _record(rollout, entry, rebuilt)
         return response
+
+
+def _complete_events(data: bytes) -> tuple[bytes, bytes]:
+    """`data` split after its last complete SSE event: events pass through whole, as soon as they are complete."""
+    end = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
+    return data[:end], data[end:]
+
+
+def _failed(rollout: Rollout, status: int, message: str) -> None:
+    rollout.upstream_failed(message)
+    rollout.note("upstream_error", status=status, message=message)
+
+
+def _read_reply(shape: RelayShape, raw: bytes) -> Rebuilt:
+    try:
+        return shape.read_reply(orjson.loads(raw))
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return Rebuilt(message=None, error=raw[:2000].decode(errors="replace"))
+
+
+def _record(rollout: Rollout, entry: dict, rebuilt: Rebuilt) -> None:
+    if rebuilt.message is None and rebuilt.error is not None and "stream_error" not in entry:
+        entry["response_error"] = rebuilt.error  # a success status whose body is not the dialect's reply
+        return
+    entry["response"] = rebuilt.message
+    entry["finish_reason"] = rebuilt.finish_reason
+    rollout.prompt_tokens += rebuilt.prompt_tokens
+    rollout.completion_tokens += rebuilt.completion_tokens
 
 
 def _common_prefix(a: list[tuple], b: list[tuple]) -> int:
@@ -95,25 +176,54 @@ def _common_prefix(a: list[tuple], b: list[tuple]) -> int:
     return n
 
 
-def _record_completion(rollout: Rollout, entry: dict, raw: bytes) -> None:
+def sse_payloads(buffer: bytes, data: bytes) -> tuple[list[tuple[str, bytes]], bytes]:
+    """The complete SSE events in `buffer + data`, as (event name, data payload), and what is left over."""
+    *events, rest = (buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
+    out = []
+    for event in events:
+        name, payload = "", []
+        for line in event.split(b"\n"):
+            if line.startswith(b"event:"):
+                name = line[6:].strip().decode(errors="replace")
+            elif line.startswith(b"data:"):
+                payload.append(line[5:].strip())
+        if payload:
+            out.append((name, b"\n".join(payload)))
+    return out, rest
+
+
+def json_object(payload: bytes) -> dict | None:
     try:
-        body = orjson.loads(raw)
-        choice = body["choices"][0]
-        entry["response"] = choice.get("message")
-        entry["finish_reason"] = choice.get("finish_reason")
-        _add_usage(rollout, body.get("usage"))
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        entry["response_error"] = raw[:2000].decode(errors="replace")
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
-def _add_usage(rollout: Rollout, usage: object) -> None:
-    if isinstance(usage, dict):
-        rollout.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-        rollout.completion_tokens += int(usage.get("completion_tokens") or 0)
+def _usage(usage: object) -> tuple[int, int]:
+    if not isinstance(usage, dict):
+        return 0, 0
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
-class _StreamCollector:
-    """Rebuilds the assistant message from SSE chunks as they pass through (for the trace only)."""
+class _ChatRelay:
+    path = "/v1/chat/completions"
+    key_header = None
+
+    def headers(self, request: web.Request) -> dict[str, str]:
+        return {}
+
+    def read_reply(self, body: object) -> Rebuilt:
+        choice = body["choices"][0]  # type: ignore[index]
+        prompt, completion = _usage(body.get("usage"))  # type: ignore[union-attr]
+        return Rebuilt(choice.get("message"), choice.get("finish_reason"), prompt, completion)
+
+    def collector(self) -> _ChatCollector:
+        return _ChatCollector()
+
+
+class _ChatCollector:
+    """Rebuilds the assistant message from chat chunks as they pass through (for the trace only)."""
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -122,24 +232,20 @@ class _StreamCollector:
         self.calls: dict[int, dict] = {}
         self.finish_reason: str | None = None
         self.usage: dict | None = None
+        self.error: str | None = None
 
     def feed(self, data: bytes) -> None:
-        self._buffer += data
-        *events, self._buffer = self._buffer.split(b"\n\n")
-        for event in events:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-                    self._take(line[5:].strip())
+        events, self._buffer = sse_payloads(self._buffer, data)
+        for _, payload in events:
+            chunk = json_object(payload) if payload != b"[DONE]" else None
+            if chunk is not None:
+                self._take(chunk)
 
-    def _take(self, payload: bytes) -> None:
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(chunk, dict):
-            return
+    def _take(self, chunk: dict) -> None:
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+        if isinstance(chunk.get("error"), dict):
+            self.error = str(chunk["error"].get("message") or chunk["error"])[:2000]
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str):
@@ -158,10 +264,16 @@ class _StreamCollector:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def message(self) -> dict:
+    def rebuilt(self) -> Rebuilt:
         message: dict = {"role": "assistant", "content": "".join(self.content) or None}
         if self.reasoning:
             message["reasoning_content"] = "".join(self.reasoning)
         if self.calls:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
-        return message
+        return Rebuilt(message, self.finish_reason, *_usage(self.usage), error=self.error)
+
+    def failure(self, error: ApiError) -> bytes:
+        return encode_sse(error_body(error)) + SSE_DONE
+
+
+CHAT_RELAY = _ChatRelay()

@@ -41,7 +41,8 @@ from .journal import Journal, journal_segments, recover_journal
 from .protocol import ChatRequest, ensure_serialisable, parse_chat_request, parse_json_body
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
-from .relay import relay_chat
+from .relay import relay_turn
+from .relay_dialects import relay_shape_for
 from .rendering import Renderer, RendererConfig
 from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
@@ -304,8 +305,6 @@ class InterceptionServer:
         raw = await request.read()
         heavy = len(raw) > HEAVY_REQUEST_BYTES  # its work goes to a worker thread, so other rollouts go on
         relayed = self.policy is None
-        if relayed and dialect is not CHAT:
-            raise BadRequest(f"black_box mode relays chat completions only; the {dialect.name} API is not relayed yet")
         if len(raw) > PARSE_OFF_LOOP_BYTES:
             body, chat = await asyncio.to_thread(_parse, dialect, raw, relayed)
         else:
@@ -315,7 +314,8 @@ class InterceptionServer:
             rollout.note("ignored_request_fields", fields=list(chat.ignored))
         if relayed:
             ensure_serialisable(body, "body")  # relayed as JSON: it must serialise
-            return await relay_chat(request, self._upstream, rollout, body, chat, journal=self._journal)
+            return await relay_turn(request, self._upstream, rollout, body, chat, shape=relay_shape_for(dialect.name),
+                                    journal=self._journal)  # fmt: skip
         attempts_key = hash(raw)  # SDK retries resend the same bytes
         turn = run_turn(self.policy, rollout, chat, fingerprint=attempts_key, sdk_retry=_sdk_retry(request),
                         heavy=heavy)
@@ -370,7 +370,10 @@ class InterceptionServer:
 
 def _parse(dialect: Dialect, raw: bytes, relayed: bool) -> tuple[dict, ChatRequest]:
     body = parse_json_body(raw)
-    return body, parse_chat_request(body, relayed=True) if relayed else dialect.parse(body)
+    if not relayed:
+        return body, dialect.parse(body)
+    # black_box: the upstream honours the options; only what the trace reads (messages, tools, stream) is checked
+    return body, parse_chat_request(body, relayed=True) if dialect is CHAT else dialect.parse(body, relayed=True)
 
 
 def _sdk_retry(request: web.Request) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
@@ -98,17 +98,23 @@ class UpstreamClient:
     def new_budget(self) -> AttemptBudget:
         return AttemptBudget(total=self.config.attempts)
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+    def _headers(self, extra: Mapping[str, str] | None = None, *, key_header: str | None = None) -> dict[str, str]:
+        """JSON, `extra` (a relayed dialect's own headers) and the server's key, never the agent's: as `key_header`
+        when given (Anthropic's `x-api-key`), else as a Bearer token."""
+        headers = {"Content-Type": "application/json", **(extra or {})}
         if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
+            if key_header:
+                headers[key_header] = self.config.api_key
+            else:
+                headers["Authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
     # ------------------------------------------------------------------------------- the one request path
 
     @asynccontextmanager
     async def _send(
-        self, method: str, path: str, *, data: bytes | None, budget: AttemptBudget, passthrough: bool = False
+        self, method: str, path: str, *, data: bytes | None, budget: AttemptBudget, passthrough: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send until an answer worth keeping, within `budget`, and yield the response with its body unread.
 
@@ -121,6 +127,7 @@ class UpstreamClient:
                 "the policy server is failing"
             )
         url = self.config.root + path
+        headers = headers or self._headers()
         last_failure = ""
         try:
             async for attempt in AsyncRetrying(
@@ -131,7 +138,7 @@ class UpstreamClient:
             ):
                 with attempt:
                     budget.used += 1
-                    resp = await self.session.request(method, url, data=data, headers=self._headers())
+                    resp = await self.session.request(method, url, data=data, headers=headers)
                     try:
                         if resp.status in RETRYABLE_STATUSES and not (passthrough and resp.status == 429):
                             text = (await resp.read()).decode(errors="replace")
@@ -213,11 +220,21 @@ class UpstreamClient:
 
     @asynccontextmanager
     async def relay(
-        self, path: str, body: bytes, *, budget: AttemptBudget | None = None
+        self,
+        path: str,
+        body: bytes,
+        *,
+        budget: AttemptBudget | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        key_header: str | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST `body` unchanged to the upstream (black_box) and yield the open response for streaming through.
-        Failing statuses are retried; once the upstream has answered otherwise, its answer is the agent's."""
-        async with self._send("POST", path, data=body, budget=budget or self.new_budget(), passthrough=True) as resp:
+        Failing statuses are retried; once the upstream has answered otherwise, its answer is the agent's.
+        `extra_headers` and `key_header` are a dialect's (Anthropic's version header and `x-api-key`)."""
+        headers = self._headers(extra_headers, key_header=key_header)
+        async with self._send(
+            "POST", path, data=body, budget=budget or self.new_budget(), passthrough=True, headers=headers
+        ) as resp:
             yield resp
 
 

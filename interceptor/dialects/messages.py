@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import replace
 
 import orjson
 from aiohttp import web
@@ -63,16 +64,18 @@ class MessagesDialect:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def parse(self, body: dict) -> ChatRequest:
+    def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+        """The request, typed. `relayed` (black_box): the upstream honours the options (stop_sequences, any
+        tool_choice, server tools, ...), so only what the trace reads (messages, tools, stream) is checked."""
+        if relayed:
+            return replace(self.parse_for_count(body, relayed=True), stream=_stream(body))
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < _INT64:
             raise BadRequest("max_tokens: a positive integer is required", param="max_tokens")
         if body.get("stop_sequences"):
             raise BadRequest("stop_sequences are not supported; the model's end-of-turn token ends a turn",
                              param="stop_sequences")  # fmt: skip
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise BadRequest("stream must be a boolean", param="stream")
+        stream = _stream(body)
         choice, parallel = _tool_choice(body.get("tool_choice"))
         chat = self.parse_for_count(body)
         return ChatRequest(
@@ -95,13 +98,13 @@ class MessagesDialect:
             max_tokens_is_cap=True,
         )
 
-    def parse_for_count(self, body: dict) -> ChatRequest:
-        """The conversation and tools alone (what `count_tokens` renders)."""
+    def parse_for_count(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+        """The conversation and tools alone (what `count_tokens` renders; server tools are left out if relayed)."""
         model = body.get("model", "")
         if not isinstance(model, str):
             raise BadRequest("model must be a string", param="model")
         messages = _system(body.get("system")) + _messages(body.get("messages"))
-        tools = _tools(body.get("tools"))
+        tools = _tools(body.get("tools"), relayed=relayed)
         ensure_serialisable(tools, "tools")
         return ChatRequest(
             model=model, messages=messages, tools=tools,
@@ -311,7 +314,7 @@ def _assistant(blocks: list, param: str) -> dict:
     return message
 
 
-def _tools(tools: object) -> list[dict] | None:
+def _tools(tools: object, *, relayed: bool = False) -> list[dict] | None:
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
@@ -322,6 +325,8 @@ def _tools(tools: object) -> list[dict] | None:
         if not isinstance(tool, dict):
             raise BadRequest(f"{param} must be an object", param=param)
         kind = tool.get("type", "custom")
+        if kind != "custom" and relayed:
+            continue  # a server tool: the upstream runs it; the trace has no form for it
         if kind != "custom":
             raise BadRequest(f"{param}: server tool type {kind!r} is not supported; define it as a custom tool with "
                              "an input_schema", param=param)  # fmt: skip
@@ -332,7 +337,14 @@ def _tools(tools: object) -> list[dict] | None:
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
-    return out
+    return out or None
+
+
+def _stream(body: dict) -> bool:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", param="stream")
+    return stream
 
 
 def _tool_choice(choice: object) -> tuple[str, bool]:

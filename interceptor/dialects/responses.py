@@ -66,16 +66,17 @@ class ResponsesDialect:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def parse(self, body: dict) -> ChatRequest:
-        for key in _STATELESS:
+    def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+        """`relayed` (black_box): the upstream honours every option; only what the trace reads is checked."""
+        for key in () if relayed else _STATELESS:
             if body.get(key) is not None:
                 raise BadRequest(f"{key} is not supported: nothing is stored here (store: false); send the whole "
                                  "history in input", param=key)  # fmt: skip
-        if body.get("background") not in (None, False):
+        if body.get("background") not in (None, False) and not relayed:
             raise BadRequest("background responses are not supported", param="background")
         text = body.get("text")
-        ignored = {k for k in body if k not in _NOTED_OK}
-        if text is not None:
+        ignored = set() if relayed else {k for k in body if k not in _NOTED_OK}
+        if text is not None and not relayed:
             if not isinstance(text, dict) or text.get("format", {"type": "text"}) != {"type": "text"}:
                 raise BadRequest("text.format other than {'type': 'text'} is not supported", param="text.format")
             ignored.update(f"text.{k}" for k in text if k != "format")  # verbosity: the policy writes as it writes
@@ -83,20 +84,20 @@ class ResponsesDialect:
         if instructions is not None and not isinstance(instructions, str):
             raise BadRequest("instructions must be a string", param="instructions")
         messages = ([{"role": "system", "content": instructions}] if instructions else []) + _input(body.get("input"))
-        tools = _tools(body.get("tools"))
+        tools = _tools(body.get("tools"), relayed=relayed)
         ensure_serialisable(tools, "tools")
         return ChatRequest(
             model=_typed(body, "model", str, ""),
             messages=messages,
             tools=tools,
             tools_key=orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b"",
-            tool_choice=_tool_choice(body.get("tool_choice")),
-            parallel_tool_calls=_typed(body, "parallel_tool_calls", bool, True),
+            tool_choice="auto" if relayed else _tool_choice(body.get("tool_choice")),
+            parallel_tool_calls=True if relayed else _typed(body, "parallel_tool_calls", bool, True),
             stream=_typed(body, "stream", bool, False),
             include_usage=True,
-            max_tokens=_max_output_tokens(body.get("max_output_tokens")),
-            temperature=_number(body, "temperature", 0.0, 2.0),
-            top_p=_number(body, "top_p", 0.0, 1.0),
+            max_tokens=None if relayed else _max_output_tokens(body.get("max_output_tokens")),
+            temperature=None if relayed else _number(body, "temperature", 0.0, 2.0),
+            top_p=None if relayed else _number(body, "top_p", 0.0, 1.0),
             top_k=None,
             seed=None,
             logprobs=False,
@@ -332,7 +333,7 @@ def _text_of(content: object, param: str) -> str:
     return "\n".join(texts)
 
 
-def _tools(tools: object) -> list[dict] | None:
+def _tools(tools: object, *, relayed: bool = False) -> list[dict] | None:
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
@@ -341,6 +342,8 @@ def _tools(tools: object) -> list[dict] | None:
     for i, tool in enumerate(tools):
         param = f"tools[{i}]"
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function" and relayed and kind is not None:
+            continue  # a built-in tool: the upstream runs it; the trace has no form for it
         if kind != "function":
             raise BadRequest(f"{param}: tool type {kind!r} is not supported; define it as a function tool",
                              param=param)  # fmt: skip
@@ -353,7 +356,7 @@ def _tools(tools: object) -> list[dict] | None:
         if parameters is not None:
             function["parameters"] = parameters
         out.append({"type": "function", "function": function})
-    return out
+    return out or None
 
 
 def _tool_choice(choice: object) -> str:
