@@ -118,6 +118,9 @@ async def _plan(policy: Policy, rollout: Rollout, request: ChatRequest, *, heavy
     trajectory = rollout.trajectory
     async with rollout.lock:
         plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key)
+        if request.request_kind not in (None, "turn"):
+            rollout.note("side_request", request_kind=request.request_kind, extended=plan is not None)
+            reason = f"{request.request_kind} request" + (f" ({reason})" if reason else "")
         if plan is None:
             render = policy.renderer.render_full
             prompt = await asyncio.to_thread(render, request.messages, request.tools) if heavy else render(

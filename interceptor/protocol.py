@@ -49,6 +49,9 @@ class ChatRequest:
     # max_tokens as an upper bound the room left in the context also bounds (Anthropic's meaning), rather than a
     # length the context must hold (OpenAI's: asking for more than fits is a context-length error)
     max_tokens_is_cap: bool = False
+    # What the agent says the request is for, when it says so (Codex: "turn", "compaction"): a side request's
+    # sample records it as its fork reason
+    request_kind: str | None = None
 
 
 # Fields that change nothing about the answer: accepted as they come.

@@ -17,7 +17,9 @@ Nothing is stored here (`store: false`): each request carries the whole history;
   `max_output_tokens` is chat's `max_tokens` (more than the context holds is a context-length error);
   `temperature`, `top_p` honoured unless the rollout pins them; `text.format` other than text refused;
   `store`, `metadata`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier`, `stream_options` change
-  nothing; anything else (`reasoning`, `include`, `truncation`, ...) is accepted and noted as not acted on.
+  nothing; anything else (`reasoning`, `include`, `truncation`, ...) is accepted and noted as not acted on;
+  `client_metadata`'s `x-codex-turn-metadata.request_kind` tells a compaction from a turn: a compaction that
+  starts a new sample has "compaction request" as its fork reason.
 
 Replies: a `response` whose `output` holds a `reasoning` item (the text as one `summary_text`, no encrypted
 content), a `message` item with one `output_text`, and a `function_call` item per call (`call_id` the gate's tool
@@ -51,6 +53,17 @@ _NOTED_OK = frozenset({  # fields acted on here, and fields that change nothing 
 _STATELESS = ("previous_response_id", "conversation", "prompt")  # all need a response store the gate lacks
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
 _INT64 = 2**63
+
+
+def _request_kind(metadata: object) -> str | None:
+    """Codex's `client_metadata["x-codex-turn-metadata"].request_kind` ("turn", "compaction"), when present."""
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("x-codex-turn-metadata"), str):
+        return None
+    try:
+        kind = orjson.loads(metadata["x-codex-turn-metadata"]).get("request_kind")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) and kind else None
 
 
 def _new_id(prefix: str) -> str:
@@ -102,7 +115,8 @@ class ResponsesDialect:
             seed=None,
             logprobs=False,
             top_logprobs=0,
-            ignored=tuple(sorted(ignored)),
+            ignored=tuple(sorted(ignored - {"client_metadata"})),
+            request_kind=_request_kind(body.get("client_metadata")),
         )
 
     # ------------------------------------------------------------------------------------------- replies

@@ -207,3 +207,38 @@ async def test_an_upstream_that_is_down_is_an_error_and_never_a_reward(server, s
     assert caught.value.status_code >= 500
     record = await server.finish_rollout(handle.id, reward=1.0)
     assert record.status == "failed" and record.reward is None and record.failure.cause == "upstream"
+
+
+def turn_metadata(kind: str) -> dict:
+    """Codex's client_metadata, with the request kind it puts in x-codex-turn-metadata."""
+    return {"x-codex-turn-metadata": json.dumps({"request_kind": kind, "turn_id": "t1"}), "session_id": "s1"}
+
+
+async def test_a_codex_compaction_request_is_its_own_sample_with_its_reason_and_never_spliced(
+    server, scripted
+):
+    """Codex compacts through the same endpoint: the whole history plus a summary prompt, without tools. That
+    request is a side request: it starts its own (auxiliary) sample whose fork reason says so, and the history that
+    continues from the summary is a new sample as well; nothing is spliced into the first."""
+    handle = server.open_rollout()
+    client = client_for(handle)
+    scripted.script(call_text("ls"), "Summary: listed the files.", "Done.")
+    history = [user("look around")]
+    first = await client.responses.create(model="policy", input=history, tools=[EXEC_COMMAND], **CODEX,
+                                          extra_body={"client_metadata": turn_metadata("turn")})
+    history += echo(first)
+    history.append({"type": "function_call_output", "call_id": first.output[-1].call_id, "output": "a.txt"})
+    await client.responses.create(model="policy", input=[*history, user("Summarise the conversation so far.")],
+                                  **CODEX, extra_body={"client_metadata": turn_metadata("compaction")})
+    await client.responses.create(model="policy", input=[user("Summary: listed the files."), user("go on")],
+                                  tools=[EXEC_COMMAND], **CODEX,
+                                  extra_body={"client_metadata": turn_metadata("turn")})
+    record = await server.finish_rollout(handle.id)
+    assert [len(s.turns) for s in record.samples] == [1, 1, 1]
+    compaction = record.samples[1]
+    assert compaction.auxiliary and compaction.fork_reason.startswith("compaction request")
+    assert not record.samples[2].auxiliary and record.samples[2].fork_reason  # the rewritten history forks
+    notes = [(e["request_kind"], e["extended"]) for e in record.events if e["kind"] == "side_request"]
+    assert notes == [("compaction", False)]
+    assert_token_exact(record, scripted.calls)
+    assert not any(e["kind"] == "ignored_request_fields" and "client_metadata" in e["fields"] for e in record.events)
