@@ -42,6 +42,8 @@ from aiohttp import web
 from ..errors import ApiError, BadRequest, error_body
 from ..protocol import ChatRequest, ensure_serialisable
 from ..rollouts import TurnResult
+from .responses_input import input_messages, max_output_tokens, number, tool_choice, typed
+from .responses_input import tools as tools_of
 
 __all__ = ["RESPONSES", "ResponsesDialect"]
 
@@ -51,8 +53,6 @@ _NOTED_OK = frozenset({  # fields acted on here, and fields that change nothing 
     "store", "metadata", "user", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
 })
 _STATELESS = ("previous_response_id", "conversation", "prompt")  # all need a response store the gate lacks
-_TEXT_PARTS = frozenset({"input_text", "output_text"})
-_INT64 = 2**63
 
 
 def _request_kind(metadata: object) -> str | None:
@@ -96,21 +96,21 @@ class ResponsesDialect:
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise BadRequest("instructions must be a string", param="instructions")
-        messages = ([{"role": "system", "content": instructions}] if instructions else []) + _input(body.get("input"))
-        tools = _tools(body.get("tools"), relayed=relayed)
+        messages = ([{"role": "system", "content": instructions}] if instructions else []) + input_messages(body.get("input"))
+        tools = tools_of(body.get("tools"), relayed=relayed)
         ensure_serialisable(tools, "tools")
         return ChatRequest(
-            model=_typed(body, "model", str, ""),
+            model=typed(body, "model", str, ""),
             messages=messages,
             tools=tools,
             tools_key=orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b"",
-            tool_choice="auto" if relayed else _tool_choice(body.get("tool_choice")),
-            parallel_tool_calls=True if relayed else _typed(body, "parallel_tool_calls", bool, True),
-            stream=_typed(body, "stream", bool, False),
+            tool_choice="auto" if relayed else tool_choice(body.get("tool_choice")),
+            parallel_tool_calls=True if relayed else typed(body, "parallel_tool_calls", bool, True),
+            stream=typed(body, "stream", bool, False),
             include_usage=True,
-            max_tokens=None if relayed else _max_output_tokens(body.get("max_output_tokens")),
-            temperature=None if relayed else _number(body, "temperature", 0.0, 2.0),
-            top_p=None if relayed else _number(body, "top_p", 0.0, 1.0),
+            max_tokens=None if relayed else max_output_tokens(body.get("max_output_tokens")),
+            temperature=None if relayed else number(body, "temperature", 0.0, 2.0),
+            top_p=None if relayed else number(body, "top_p", 0.0, 1.0),
             top_k=None,
             seed=None,
             logprobs=False,
@@ -255,159 +255,6 @@ class _ResponsesStream:
         failed = {"code": error.code or error.type, "message": error.message}
         response = _response(self.response_id, self.chat, self.model, output=[], status="failed", error=failed)
         return self._event("response.failed", response=response)
-
-
-# ---------------------------------------------------------------------------------------- request parts
-
-
-def _input(items: object) -> list[dict]:
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    if not isinstance(items, list) or not items:
-        raise BadRequest("input must be a string or a non-empty list of items", param="input")
-    messages: list[dict] = []
-    reasoning: str | None = None  # from a reasoning item, for the assistant turn that follows it
-    for i, item in enumerate(items):
-        param = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise BadRequest(f"{param} must be an object", param=param)
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "reasoning":
-            reasoning = _reasoning_text(item, param) or None
-            continue
-        if kind == "message":
-            message = _message(item, param)
-        elif kind == "function_call":
-            call = _function_call(item, param)
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and reasoning is None:
-                last.setdefault("tool_calls", []).append(call)  # the same turn: text, then its calls
-                continue
-            message = {"role": "assistant", "content": "", "tool_calls": [call]}
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
-                raise BadRequest(f"{param}.call_id must be a string", param=f"{param}.call_id")
-            message = {"role": "tool", "tool_call_id": item["call_id"],
-                       "content": _text_of(item.get("output"), f"{param}.output")}  # fmt: skip
-        else:
-            raise BadRequest(f"{param}: item type {kind!r} is not supported; send message, function_call, "
-                             "function_call_output and reasoning items", param=param)  # fmt: skip
-        if message["role"] == "assistant" and reasoning is not None:
-            message["reasoning_content"] = reasoning
-        reasoning = None
-        messages.append(message)
-    if not messages:
-        raise BadRequest("input holds no message", param="input")
-    return messages
-
-
-def _message(item: dict, param: str) -> dict:
-    role = item.get("role")
-    if role not in ("user", "system", "developer", "assistant"):
-        raise BadRequest(f"{param}.role must be user, system, developer or assistant", param=f"{param}.role")
-    content = _text_of(item.get("content"), f"{param}.content")
-    return {"role": "system" if role == "developer" else role, "content": content}
-
-
-def _function_call(item: dict, param: str) -> dict:
-    for key in ("call_id", "name", "arguments"):
-        if not isinstance(item.get(key), str):
-            raise BadRequest(f"{param}.{key} must be a string", param=f"{param}.{key}")
-    return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
-
-
-def _reasoning_text(item: dict, param: str) -> str:
-    """The reasoning's text (`content`, else `summary`), or "" when it is encrypted only."""
-    for key in ("content", "summary"):
-        parts = item.get(key) or []
-        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
-                                                   for p in parts):  # fmt: skip
-            raise BadRequest(f"{param}.{key} must be a list of text parts", param=f"{param}.{key}")
-        if parts:
-            return "\n".join(p["text"] for p in parts)
-    return ""
-
-
-def _text_of(content: object, param: str) -> str:
-    """A string, or input_text/output_text parts joined with newlines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise BadRequest(f"{param} must be a string or a list of text parts", param=param)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise BadRequest(f"{param}[{j}]: {kind} parts are not supported; send text only", param=param)
-        else:
-            raise BadRequest(f"{param}[{j}] must be an input_text or output_text part", param=param)
-    return "\n".join(texts)
-
-
-def _tools(tools: object, *, relayed: bool = False) -> list[dict] | None:
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list):
-        raise BadRequest("tools must be a list", param="tools")
-    out = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function" and relayed and kind is not None:
-            continue  # a built-in tool: the upstream runs it; the trace has no form for it
-        if kind != "function":
-            raise BadRequest(f"{param}: tool type {kind!r} is not supported; define it as a function tool",
-                             param=param)  # fmt: skip
-        parameters = tool.get("parameters")
-        if not isinstance(tool.get("name"), str) or not isinstance(parameters, (dict, type(None))):
-            raise BadRequest(f"{param} needs a name, and parameters as an object", param=param)
-        function: dict = {"name": tool["name"]}
-        if isinstance(tool.get("description"), str):
-            function["description"] = tool["description"]
-        if parameters is not None:
-            function["parameters"] = parameters
-        out.append({"type": "function", "function": function})
-    return out or None
-
-
-def _tool_choice(choice: object) -> str:
-    if choice is None or choice == "auto":
-        return "auto"
-    if choice == "none":
-        return "none"
-    if choice == "required" or isinstance(choice, dict):
-        raise BadRequest("tool_choice 'required' or naming a tool is not supported: the policy's own sampling "
-                         "decides whether it calls a tool (use 'auto' or 'none')", param="tool_choice")  # fmt: skip
-    raise BadRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
-
-
-def _max_output_tokens(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _INT64:
-        raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
-    return value
-
-
-def _typed(body: dict, key: str, kind: type, default):
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, kind):
-        raise BadRequest(f"{key} must be a {kind.__name__}", param=key)
-    return value
-
-
-def _number(body: dict, key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise BadRequest(f"{key} must be a number from {low} to {high}", param=key)
-    return float(value)
 
 
 RESPONSES = ResponsesDialect()
