@@ -2,7 +2,8 @@
 `anthropic` SDKs speak it.
 
 Requests become the gate's OpenAI-style conversation:
-- `system` (a string or text blocks; `cache_control` is inert) is the first message; a `system` message inside
+- `system` (a string or text blocks; `cache_control` is inert; Claude Code's `x-anthropic-billing-header:` block,
+  which changes from request to request, is metadata and dropped) is the first message; a `system` message inside
   `messages` (Claude Code 2.1 sends its environment notes so) stays a system message where it is;
 - a user message's `tool_result` blocks become `tool` messages (in order, before the user's own text, as the API
   requires them first), its `text` blocks one user message; an assistant message's `text` blocks its content,
@@ -16,6 +17,9 @@ Requests become the gate's OpenAI-style conversation:
   Code's 32000 works against a small context; `stop_sequences` refused (the end-of-turn token ends a turn);
   `temperature`, `top_p`, `top_k` honoured unless the rollout pins them; `thinking`, `context_management`,
   `metadata`, `service_tier` accepted and noted as not acted on (the policy thinks as its template makes it).
+
+Claude Code's compaction request (the history, then its "create a detailed summary of the conversation so far"
+prompt) is `request_kind` "compaction": noted as a side request, and the sample it starts says so.
 
 Replies: `content` blocks `thinking` (with an empty signature: nothing is signed here), `text`, `tool_use`;
 `stop_reason` end_turn / tool_use / max_tokens; usage in tokens. Streams: `message_start`, per block
@@ -46,6 +50,11 @@ _INERT = frozenset({
     "model", "messages", "system", "max_tokens", "stream", "temperature", "top_p", "top_k", "tools", "tool_choice",
     "stop_sequences",
 })
+# Claude Code's first system block, `x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;`, changes from
+# request to request (a hash in the version); it is metadata for Anthropic's billing, not prompt.
+_BILLING = "x-anthropic-billing-header:"
+# What Claude Code (2.1) puts in the last user message of its compaction request (the history so far, then this).
+_COMPACTION_ASK = "Your task is to create a detailed summary of the conversation so far"
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 _INT64 = 2**63
 
@@ -96,6 +105,7 @@ class MessagesDialect:
             top_logprobs=0,
             ignored=tuple(sorted(k for k in body if k not in _INERT)),
             max_tokens_is_cap=True,
+            request_kind=_request_kind(chat.messages),
         )
 
     def parse_for_count(self, body: dict, *, relayed: bool = False) -> ChatRequest:
@@ -221,9 +231,17 @@ def _blocks(message: dict) -> list[dict]:
 
 
 def _system(system: object) -> list[dict]:
+    if isinstance(system, list):  # Claude Code's billing metadata is a block of its own: not prompt text
+        system = [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(_BILLING))]
     if system is None or system == "" or system == []:
         return []
     return [{"role": "system", "content": _text_of(system, "system")}]
+
+
+def _request_kind(messages: list[dict]) -> str | None:
+    """"compaction" when the last user message asks for Claude Code's summary of the conversation."""
+    users = [m for m in messages if m["role"] == "user"]
+    return "compaction" if users and _COMPACTION_ASK in users[-1]["content"] else None
 
 
 def _text_of(content: object, param: str) -> str:

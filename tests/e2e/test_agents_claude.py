@@ -16,6 +16,7 @@ import pytest
 
 from agents.claude import ClaudeAgent
 from agents.packages import CLAUDE
+from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import check_first_request, interception_server, require_agent, run_agent
 from tests.invariants import assert_token_exact
 
@@ -57,3 +58,29 @@ async def test_claude_code_runs_its_bash_tool_and_both_turns_are_one_token_exact
     assert run.files_with_secret == {"home/.claude/key"}
     check_first_request("claude", CLAUDE, run, first)
 
+
+
+async def test_claude_code_compacts_when_the_prompt_is_too_long_and_goes_on(claude, scripted, tiny_model_dir):
+    """A context small enough that the sixth turn does not fit: the server answers Anthropic's "prompt is too long",
+    Claude Code asks for a summary of the history so far through the same endpoint (a compaction request), then
+    continues from the summary. Each rewrite starts a new sample with its reason; nothing is spliced, and every
+    sample is token-exact."""
+    calls = [bash_call(f"seq {i * 1000} {i * 1000 + 600}") for i in range(1, 6)]
+    summary = "<analysis>the user wants numbers listed</analysis>\n<summary>Five lists of numbers were printed.</summary>"
+    scripted.script(*calls, summary, "All done.")
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir,
+                          max_model_len=45_000)  # Claude Code's first prompt is ~33k tokens of the test vocabulary
+    async with InterceptionServer(config) as server:
+        run = await run_agent(claude, server, instruction="List some numbers.")
+
+    assert run.result.ok and "All done." in run.result.stdout, run.result
+    statuses = [r.status for r in run.requests if r.path.endswith("/v1/messages")]
+    assert statuses.count(400) == 1, statuses
+    main, compaction, resumed = run.record.samples
+    assert len(main.turns) == 5 and main.fork_reason is None
+    assert compaction.fork_reason.startswith("compaction request") and len(compaction.turns) == 1
+    assert resumed.fork_reason and not resumed.auxiliary and len(resumed.turns) == 1
+    assert [(e["request_kind"], e["extended"]) for e in run.record.events if e["kind"] == "side_request"] == [
+        ("compaction", False)]
+    assert any(e["kind"] == "context_length_exceeded" for e in run.record.events)
+    assert_token_exact(run.record, scripted.calls)
