@@ -38,7 +38,7 @@ from .dialects.responses import RESPONSES
 from .errors import BadRequest, ConfigError, Conflict, NotFound, errors_middleware_for, json_response
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
 from .journal import Journal, journal_segments, recover_journal
-from .protocol import ChatRequest, ensure_serialisable, parse_chat_request, parse_json_body
+from .protocol import ChatRequest, ensure_serialisable, parse_json_body
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .relay import relay_turn
@@ -370,10 +370,9 @@ class InterceptionServer:
 
 def _parse(dialect: Dialect, raw: bytes, relayed: bool) -> tuple[dict, ChatRequest]:
     body = parse_json_body(raw)
-    if not relayed:
-        return body, dialect.parse(body)
-    # black_box: the upstream honours the options; only what the trace reads (messages, tools, stream) is checked
-    return body, parse_chat_request(body, relayed=True) if dialect is CHAT else dialect.parse(body, relayed=True)
+    # black_box (relayed): the upstream honours the options; only what the trace reads (messages, tools, stream) is
+    # checked
+    return body, dialect.parse(body, relayed=relayed)
 
 
 def _sdk_retry(request: web.Request) -> bool:

@@ -51,8 +51,8 @@ class ChatDialect:
     def authorization(self, request: web.Request) -> str | None:
         return request.headers.get("Authorization")
 
-    def parse(self, body: dict) -> ChatRequest:
-        return parse_chat_request(body)
+    def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+        return parse_chat_request(body, relayed=relayed)
 
     def reply(self, result: TurnResult, chat: ChatRequest, *, model: str) -> dict:
         return chat_completion(
