@@ -23,7 +23,10 @@ import orjson
 
 from .errors import BadRequest
 
-__all__ = ["ChatRequest", "ensure_serialisable", "normalize_messages", "parse_chat_request", "parse_json_body"]
+__all__ = [
+    "ChatRequest", "ensure_serialisable", "normalize_messages", "number_field", "parse_chat_request", "parse_json_body",
+    "positive_int", "typed_field",
+]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -109,22 +112,22 @@ def parse_chat_request(body: dict, *, relayed: bool = False) -> ChatRequest:
     if not isinstance(include_usage, bool):
         raise BadRequest("stream_options.include_usage must be a boolean", param="stream_options")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    logprobs = _typed(body, "logprobs", bool, default=False)
+    logprobs = typed_field(body, "logprobs", bool, default=False)
     top_logprobs = _optional_int(body, "top_logprobs", low=0, high=_MAX_TOP_LOGPROBS) or 0
     if top_logprobs and not logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return ChatRequest(
-        model=_typed(body, "model", str, default=""),
+        model=typed_field(body, "model", str, default=""),
         messages=normalize_messages(body.get("messages")),
         tools=tools,
         tools_key=_tools_key(tools),
         tool_choice="auto" if relayed else _tool_choice(body.get("tool_choice")),
-        parallel_tool_calls=_typed(body, "parallel_tool_calls", bool, default=True),
-        stream=_typed(body, "stream", bool, default=False),
+        parallel_tool_calls=typed_field(body, "parallel_tool_calls", bool, default=True),
+        stream=typed_field(body, "stream", bool, default=False),
         include_usage=include_usage,
-        max_tokens=_positive_int(max_tokens, "max_tokens"),
-        temperature=_number(body, "temperature", low=0.0, high=2.0),
-        top_p=_number(body, "top_p", low=0.0, high=1.0),
+        max_tokens=positive_int(max_tokens, "max_tokens"),
+        temperature=number_field(body, "temperature", low=0.0, high=2.0),
+        top_p=number_field(body, "top_p", low=0.0, high=1.0),
         top_k=_optional_int(body, "top_k", low=-1, high=_INT64 - 1),
         seed=_optional_int(body, "seed", low=0, high=_INT64 - 1),
         logprobs=logprobs,
@@ -272,7 +275,7 @@ def _is_tool(tool: object) -> bool:
     )
 
 
-def _typed(body: dict, key: str, kind: type, *, default):
+def typed_field(body: dict, key: str, kind: type, *, default):
     value = body.get(key)
     if value is None:
         return default
@@ -281,7 +284,7 @@ def _typed(body: dict, key: str, kind: type, *, default):
     return value
 
 
-def _number(body: dict, key: str, *, low: float, high: float) -> float | None:
+def number_field(body: dict, key: str, *, low: float, high: float) -> float | None:
     value = body.get(key)
     if value is None:
         return None
@@ -299,7 +302,7 @@ def _optional_int(body: dict, key: str, *, low: int, high: int) -> int | None:
     return value
 
 
-def _positive_int(value: object, key: str) -> int | None:
+def positive_int(value: object, key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _INT64:

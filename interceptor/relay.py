@@ -29,7 +29,9 @@ from .streaming import SSE_HEADERS
 from .trajectory import message_key
 from .upstream import UpstreamClient
 
-__all__ = ["CHAT_RELAY", "Rebuilt", "RelayShape", "StreamCollector", "json_object", "relay_turn", "sse_payloads"]
+__all__ = [
+    "CHAT_RELAY", "EventCollector", "Rebuilt", "RelayShape", "StreamCollector", "json_object", "relay_turn", "sse_payloads",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,25 @@ def json_object(payload: bytes) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+class EventCollector:
+    """The part every dialect's collector shares: split what passes into SSE events (across chunk boundaries) and
+    hand each JSON object to `_take`, which reads what that dialect's events mean. `[DONE]` and other non-objects
+    are skipped."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> None:
+        events, self._buffer = sse_payloads(self._buffer, data)
+        for _, payload in events:
+            event = json_object(payload)
+            if event is not None:
+                self._take(event)
+
+    def _take(self, event: dict) -> None:
+        raise NotImplementedError
+
+
 def _usage(usage: object) -> tuple[int, int]:
     if not isinstance(usage, dict):
         return 0, 0
@@ -222,24 +243,17 @@ class _ChatRelay:
         return _ChatCollector()
 
 
-class _ChatCollector:
+class _ChatCollector(EventCollector):
     """Rebuilds the assistant message from chat chunks as they pass through (for the trace only)."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        super().__init__()
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[int, dict] = {}
         self.finish_reason: str | None = None
         self.usage: dict | None = None
         self.error: str | None = None
-
-    def feed(self, data: bytes) -> None:
-        events, self._buffer = sse_payloads(self._buffer, data)
-        for _, payload in events:
-            chunk = json_object(payload) if payload != b"[DONE]" else None
-            if chunk is not None:
-                self._take(chunk)
 
     def _take(self, chunk: dict) -> None:
         if isinstance(chunk.get("usage"), dict):

@@ -25,7 +25,7 @@ from .dialects.chat import CHAT
 from .dialects.messages import MESSAGES
 from .dialects.responses import RESPONSES
 from .errors import ApiError
-from .relay import CHAT_RELAY, Rebuilt, RelayShape, json_object, sse_payloads
+from .relay import CHAT_RELAY, EventCollector, Rebuilt, RelayShape
 
 __all__ = ["MESSAGES_RELAY", "RESPONSES_RELAY", "relay_shape_for"]
 
@@ -107,23 +107,16 @@ class _MessagesRelay:
         return _MessagesCollector()
 
 
-class _MessagesCollector:
+class _MessagesCollector(EventCollector):
     """Rebuilds the assistant message from Messages events as they pass through (for the trace only)."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        super().__init__()
         self._blocks: dict[int, dict] = {}
         self._json: dict[int, list[str]] = {}  # a tool_use block's input_json_delta parts
         self._stop: str | None = None
         self._prompt = self._completion = 0
         self._error: str | None = None
-
-    def feed(self, data: bytes) -> None:
-        events, self._buffer = sse_payloads(self._buffer, data)
-        for _, payload in events:
-            event = json_object(payload)
-            if event is not None:
-                self._take(event)
 
     def _take(self, event: dict) -> None:
         kind, index = event.get("type"), event.get("index")
@@ -202,24 +195,17 @@ class _ResponsesRelay:
         return _ResponsesCollector()
 
 
-class _ResponsesCollector:
+class _ResponsesCollector(EventCollector):
     """Keeps the output items done so far and the last `response` object an event carried (the terminal event's is
     the whole answer); a stream broken off is answered with `response.failed` numbered after the last event."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        super().__init__()
         self._response: dict = {"id": "resp_relayed", "object": "response", "output": []}
         self._done_items: dict[int, dict] = {}
         self._terminal = False
         self._sequence = -1
         self._error: str | None = None
-
-    def feed(self, data: bytes) -> None:
-        events, self._buffer = sse_payloads(self._buffer, data)
-        for _, payload in events:
-            event = json_object(payload)
-            if event is not None:
-                self._take(event)
 
     def _take(self, event: dict) -> None:
         if isinstance(event.get("sequence_number"), int):

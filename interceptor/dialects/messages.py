@@ -41,7 +41,7 @@ import orjson
 from aiohttp import web
 
 from ..errors import ApiError, BadRequest, ContextLengthExceeded, UpstreamUnavailable
-from ..protocol import ChatRequest, ensure_serialisable
+from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int
 from ..rollouts import TurnResult
 
 __all__ = ["MESSAGES", "MessagesDialect"]
@@ -97,9 +97,9 @@ class MessagesDialect:
             stream=stream,
             include_usage=True,
             max_tokens=max_tokens,
-            temperature=_number(body, "temperature", 0.0, 1.0),
-            top_p=_number(body, "top_p", 0.0, 1.0),
-            top_k=_top_k(body.get("top_k")),
+            temperature=number_field(body, "temperature", low=0.0, high=1.0),
+            top_p=number_field(body, "top_p", low=0.0, high=1.0),
+            top_k=positive_int(body.get("top_k"), "top_k"),
             seed=None,
             logprobs=False,
             top_logprobs=0,
@@ -377,23 +377,6 @@ def _tool_choice(choice: object) -> tuple[str, bool]:
     if not isinstance(parallel, bool):
         raise BadRequest("tool_choice.disable_parallel_tool_use must be a boolean", param="tool_choice")
     return choice["type"], not parallel
-
-
-def _number(body: dict, key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise BadRequest(f"{key} must be a number from {low} to {high}", param=key)
-    return float(value)
-
-
-def _top_k(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _INT64:
-        raise BadRequest("top_k must be a positive integer", param="top_k")
-    return value
 
 
 MESSAGES = MessagesDialect()

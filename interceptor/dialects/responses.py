@@ -40,9 +40,9 @@ import orjson
 from aiohttp import web
 
 from ..errors import ApiError, BadRequest, error_body
-from ..protocol import ChatRequest, ensure_serialisable
+from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int, typed_field
 from ..rollouts import TurnResult
-from .responses_input import input_messages, max_output_tokens, number, tool_choice, typed
+from .responses_input import input_messages, tool_choice
 from .responses_input import tools as tools_of
 
 __all__ = ["RESPONSES", "ResponsesDialect"]
@@ -100,17 +100,17 @@ class ResponsesDialect:
         tools = tools_of(body.get("tools"), relayed=relayed)
         ensure_serialisable(tools, "tools")
         return ChatRequest(
-            model=typed(body, "model", str, ""),
+            model=typed_field(body, "model", str, default=""),
             messages=messages,
             tools=tools,
             tools_key=orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b"",
             tool_choice="auto" if relayed else tool_choice(body.get("tool_choice")),
-            parallel_tool_calls=True if relayed else typed(body, "parallel_tool_calls", bool, True),
-            stream=typed(body, "stream", bool, False),
+            parallel_tool_calls=True if relayed else typed_field(body, "parallel_tool_calls", bool, default=True),
+            stream=typed_field(body, "stream", bool, default=False),
             include_usage=True,
-            max_tokens=None if relayed else max_output_tokens(body.get("max_output_tokens")),
-            temperature=None if relayed else number(body, "temperature", 0.0, 2.0),
-            top_p=None if relayed else number(body, "top_p", 0.0, 1.0),
+            max_tokens=None if relayed else positive_int(body.get("max_output_tokens"), "max_output_tokens"),
+            temperature=None if relayed else number_field(body, "temperature", low=0.0, high=2.0),
+            top_p=None if relayed else number_field(body, "top_p", low=0.0, high=1.0),
             top_k=None,
             seed=None,
             logprobs=False,

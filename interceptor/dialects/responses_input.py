@@ -1,14 +1,13 @@
 """The Responses dialect's request parts: input items into the gate's messages, tools, tool choice and the scalar
-fields (the rules are in `interceptor.dialects.responses`)."""
+(the rules are in `interceptor.dialects.responses`)."""
 
 from __future__ import annotations
 
 from ..errors import BadRequest
 
-__all__ = ["input_messages", "max_output_tokens", "number", "tool_choice", "tools", "typed"]
+__all__ = ["input_messages", "tool_choice", "tools"]
 
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
-_INT64 = 2**63
 
 
 def input_messages(items: object) -> list[dict]:
@@ -133,29 +132,3 @@ def tool_choice(choice: object) -> str:
         raise BadRequest("tool_choice 'required' or naming a tool is not supported: the policy's own sampling "
                          "decides whether it calls a tool (use 'auto' or 'none')", param="tool_choice")  # fmt: skip
     raise BadRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
-
-
-def max_output_tokens(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _INT64:
-        raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
-    return value
-
-
-def typed(body: dict, key: str, kind: type, default):
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, kind):
-        raise BadRequest(f"{key} must be a {kind.__name__}", param=key)
-    return value
-
-
-def number(body: dict, key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise BadRequest(f"{key} must be a number from {low} to {high}", param=key)
-    return float(value)
