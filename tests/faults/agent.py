@@ -33,6 +33,17 @@ class Answer:
         return [event.strip() for event in self.raw.split(b"\n\n") if event.strip()]
 
     @property
+    def named_events(self) -> list[tuple[str, dict]]:
+        """(event name, data) of each `event:` block of a stream (Messages and Responses name their events);
+        comment lines (keepalives) are left out."""
+        out = []
+        for block in self.raw.split(b"\n\n"):
+            lines = dict(line.split(b": ", 1) for line in block.strip().split(b"\n") if b": " in line)
+            if b"event" in lines:
+                out.append((lines[b"event"].decode(), orjson.loads(lines[b"data"])))
+        return out
+
+    @property
     def keepalives(self) -> int:
         return sum(1 for event in self.events if event.startswith(b":"))
 

@@ -33,25 +33,15 @@ def request(messages: list[dict], stream: bool) -> dict:
     return {"model": "policy", "max_tokens": 64, "messages": messages, "stream": stream}
 
 
-def events(answer: Answer) -> list[tuple[str, dict]]:
-    """(event name, data) of each SSE event of a Messages stream."""
-    out = []
-    for block in answer.raw.split(b"\n\n"):
-        lines = dict(line.split(b": ", 1) for line in block.strip().split(b"\n") if b": " in line)
-        if b"event" in lines:
-            out.append((lines[b"event"].decode(), orjson.loads(lines[b"data"])))
-    return out
-
-
 def text_of(answer: Answer) -> str:
     if answer.content_type.startswith("text/event-stream"):
-        return "".join(data["delta"].get("text", "") for name, data in events(answer) if name == "content_block_delta")
+        return "".join(data["delta"].get("text", "") for name, data in answer.named_events if name == "content_block_delta")
     return "".join(block.get("text", "") for block in orjson.loads(answer.raw)["content"])
 
 
 def error_of(answer: Answer) -> dict:
     if answer.content_type.startswith("text/event-stream"):
-        [error] = [data for name, data in events(answer) if name == "error"]
+        [error] = [data for name, data in answer.named_events if name == "error"]
     else:
         error = orjson.loads(answer.raw)
     assert error["type"] == "error" and set(error["error"]) == {"type", "message"}, error
@@ -96,14 +86,14 @@ async def test_fault(case: Case, stream: bool, turn: str, upstream, tiny_model_d
     if case.status == 200:
         assert answer.status == 200 and text_of(answer) == RECOVERED_TEXT, shown
         if stream:
-            assert events(answer)[-1][0] == "message_stop", shown
+            assert answer.named_events[-1][0] == "message_stop", shown
         assert finished["status"] == "ok" and finished["reward"] == 1.0, finished
         assert on_disk.status == "ok" and on_disk.failure is None
         assert_token_exact(on_disk, upstream.calls)
         return
     expected_status, expected_type = EXPECTED[(case.status, case.code)]
     if stream and case.late:
-        names = [name for name, _ in events(answer)]
+        names = [name for name, _ in answer.named_events]
         assert answer.status == 200 and names[0] == "message_start" and "ping" in names, shown
         assert names[-1] == "error" and "message_stop" not in names, shown
     else:

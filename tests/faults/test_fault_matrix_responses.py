@@ -28,19 +28,9 @@ def request(items: list[dict], stream: bool) -> dict:
     return {"model": "policy", "input": items, "stream": stream, "store": False}
 
 
-def events(answer: Answer) -> list[tuple[str, dict]]:
-    """(event type, data) of each `event:` block of a stream; comment lines (keepalives) are left out."""
-    out = []
-    for block in answer.raw.split(b"\n\n"):
-        lines = dict(line.split(b": ", 1) for line in block.strip().split(b"\n") if b": " in line)
-        if b"event" in lines:
-            out.append((lines[b"event"].decode(), orjson.loads(lines[b"data"])))
-    return out
-
-
 def text_of(answer: Answer) -> str:
     if answer.content_type.startswith("text/event-stream"):
-        return "".join(data["delta"] for name, data in events(answer) if name == "response.output_text.delta")
+        return "".join(data["delta"] for name, data in answer.named_events if name == "response.output_text.delta")
     output = orjson.loads(answer.raw)["output"]
     return "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
 
@@ -82,16 +72,16 @@ async def test_fault(case: Case, stream: bool, turn: str, upstream, tiny_model_d
     if case.status == 200:
         assert answer.status == 200 and text_of(answer) == RECOVERED_TEXT, shown
         if stream:
-            assert events(answer)[-1][0] == "response.completed", shown
+            assert answer.named_events[-1][0] == "response.completed", shown
         assert finished["status"] == "ok" and finished["reward"] == 1.0, finished
         assert on_disk.status == "ok" and on_disk.failure is None
         assert_token_exact(on_disk, upstream.calls)
         return
     if stream and case.late:
-        names = [name for name, _ in events(answer)]
+        names = [name for name, _ in answer.named_events]
         assert answer.status == 200 and names[0] == "response.created" and answer.keepalives >= 1, shown
         assert names[-1] == "response.failed" and "response.completed" not in names, shown
-        failed = events(answer)[-1][1]["response"]
+        failed = answer.named_events[-1][1]["response"]
         assert failed["status"] == "failed" and failed["error"]["code"] == case.code, shown
     else:
         assert answer.status == case.status, shown
