@@ -5,15 +5,27 @@ Files, in `$HOME/.pi/agent` (= `PI_CODING_AGENT_DIR`), both 0600:
   {"supportsDeveloperRole": false, "supportsReasoningEffort": false}, "models": [{"id", "contextWindow",
   "maxTokens", "reasoning"}]}}}`. Pi reads `apiKey` as: "!cmd" runs a shell command, a name of a set environment
   variable takes its value, anything else is the literal key (the secret is a bearer token, so it is literal).
-- `settings.json`: auto-compaction off by default (`compaction`). Pi compacts when the context passes
-  `contextWindow` minus 16384 reserved tokens, so with the context window of a small policy it summarises after every
-  turn, and a summary rewrites the history (a fork in the trajectory). With compaction on, a context-length 400 also
-  triggers a summary request, and when that fails too Pi exits 0 with no output; with it off, Pi exits 1 with the
-  error on stderr.
+- `settings.json`: auto-compaction off by default (`compaction`; `settings` may pass `{"compaction": {"enabled",
+  "reserveTokens", "keepRecentTokens"}}`, defaults 16384 and 20000). With it off, a context-length 400 ends Pi with
+  exit code 1 and the error on stderr.
 
 Run: `pi --provider P --model M --no-session -p` with the instruction on stdin (Pi appends piped stdin to the
 prompt in print mode, trimmed; a `-p "text"` argument starting with "-" or "@" would be read as a flag or a file).
 `PI_OFFLINE=1` turns off its start-up network calls (version check, install telemetry).
+
+Compaction, seen with 0.73.1 (why it stays off): Pi checks only when a prompt's agent loop ends (`agent_end`), never
+between the turns of one run. At that point a context overflow, recognised by its patterns (our 400 matches
+`maximum context length is \\d+ tokens` and `reduce the length of the messages`), makes it drop the failed turn,
+send a summary request (system prompt "You are a context summarization assistant.", no tools, the history
+serialised into one user message, `max_completion_tokens` 0.8 x reserveTokens, 0.5 x for the prefix of a turn too
+long to keep) and continue from [system, user "...compacted into the following summary: <summary>...", the kept
+recent messages]: the summary an auxiliary sample, the resumed conversation a forked one. Without an overflow, the
+threshold (context > contextWindow - reserveTokens, from the reply's `usage`) is checked only after the final answer,
+so a print-mode run never compacts mid-run and may send one summary request after its answer. And print mode (`-p`)
+does not wait for the overflow recovery (upstream issue earendil-works/pi#4512): it reads the failed turn's state,
+disposes the session and returns, so the continuation runs detached to its end, its answer is never printed, Pi
+exits 0 whatever happens, and a second overflow is not recovered. If the summary request itself overflows (its
+max_completion_tokens must fit beside the serialised history), Pi exits 0 at once with no output.
 
 Seen with 0.73.1: the first request comes 1.2-2.8 s after launch on 2 cores (node loading its modules); it always
 streams with `stream_options.include_usage`, `store: false` and `max_completion_tokens` = `maxTokens`; tools `read`,

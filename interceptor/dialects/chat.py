@@ -1,6 +1,15 @@
-"""OpenAI chat completions as a dialect: requests are `protocol.py`'s, replies `replies.py`'s."""
+"""OpenAI chat completions as a dialect: requests are `protocol.py`'s, replies `replies.py`'s.
+
+A request without tools whose system prompt opens like Pi's (0.73) or OpenCode's (1.18) summariser is
+`request_kind` "compaction": noted as a side request, and the sample it starts says so. A context overflow is
+answered in OpenAI's words (`errors.ContextLengthExceeded`): "This model's maximum context length is N tokens", which
+both agents' overflow patterns match (`maximum context length is \\d+ tokens`): they compact and go on (what follows
+differs: agents/pi.py, agents/opencode.py).
+"""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -10,6 +19,9 @@ from ..replies import SSE_DONE, Usage, chat_chunks, chat_completion, encode_sse,
 from ..rollouts import TurnResult
 
 __all__ = ["CHAT", "ChatDialect"]
+
+# How the summariser's system prompt opens: Pi's "You are a context summarization assistant.", OpenCode's "... agent."
+_COMPACTION_SYSTEM = "You are a context summarization"
 
 
 class _ChatStream:
@@ -52,7 +64,10 @@ class ChatDialect:
         return request.headers.get("Authorization")
 
     def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
-        return parse_chat_request(body, relayed=relayed)
+        chat = parse_chat_request(body, relayed=relayed)
+        if chat.request_kind is None and _asks_for_compaction(chat):
+            chat = replace(chat, request_kind="compaction")
+        return chat
 
     def reply(self, result: TurnResult, chat: ChatRequest, *, model: str) -> dict:
         return chat_completion(
@@ -69,6 +84,12 @@ class ChatDialect:
 
     def error(self, error: ApiError) -> tuple[int, dict]:
         return error.status, error_body(error)
+
+
+def _asks_for_compaction(chat: ChatRequest) -> bool:
+    first = chat.messages[0]
+    return (not chat.tools and first["role"] == "system" and isinstance(first.get("content"), str)
+            and first["content"].startswith(_COMPACTION_SYSTEM))
 
 
 CHAT = ChatDialect()

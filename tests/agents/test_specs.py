@@ -121,10 +121,10 @@ def test_opencode_config_names_the_policy_for_both_models_and_keeps_the_secret_i
         "npm": "@ai-sdk/openai-compatible",
         "name": "Interceptor",
         "options": {"baseURL": rollout.base_url, "apiKey": SECRET},
-        "models": {"policy": {"name": "policy", "limit": {"context": 8192, "output": 512}}},
+        "models": {"policy": {"name": "policy", "limit": {"context": 8192, "input": 8192, "output": 512}}},
     }
     assert config["autoupdate"] is False and config["share"] == "disabled"
-    assert config["compaction"] == {"auto": False, "prune": False}  # both would rewrite the history
+    assert config["compaction"] == {"auto": True, "prune": False, "reserved": 2048}  # a summary forks a sample
     assert_secret_only_in_private_files(launch, rollout, {config_path})
     assert launch.argv == (str(fake_program), "run", "-m", "interceptor/policy")
 

@@ -16,6 +16,7 @@ import pytest
 
 from agents import OpenCodeAgent
 from agents.packages import OPENCODE
+from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import bash_call, check_first_request, interception_server, require_agent, run_agent
 from tests.e2e.test_agents_pi import assert_no_credentials_in
 from tests.fakes import Slow
@@ -76,4 +77,54 @@ async def test_opencode_reads_through_keepalive_comments_of_slow_generations(ope
     assert all(request.response.count(b": keepalive") >= 2 for request in run.chat_requests)
     main = [s for s in run.record.samples if not s.auxiliary]
     assert len(main) == 1 and len(main[0].turns) == 2
+    assert_token_exact(run.record, scripted.calls)
+
+
+async def test_opencode_compacts_its_history_near_the_context_window_and_goes_on(scripted, tiny_model_dir):
+    """Told a 30k-token window with 4k reserved, OpenCode compacts on its own once a step's usage passes 26k: a
+    summary request without tools (its compaction agent), then the conversation resumes from the summary. The
+    summary is an auxiliary sample whose reason says "compaction request", the resumed conversation a new sample;
+    nothing is spliced, every sample is token-exact, and no request overflowed."""
+    opencode = OpenCodeAgent(binary=require_agent(OPENCODE), context_window=30_000, max_tokens=512,
+                             compaction_reserve=4096)
+    calls = [bash_call(f"seq {i * 1000} {i * 1000 + 600}") for i in range(1, 4)]
+    scripted.script(calls[0], *calls, "## Goal\nList numbers.\n## Progress\nThree lists printed.", "All done.")
+    async with interception_server(scripted, tiny_model_dir) as server:
+        run = await run_agent(opencode, server, instruction="List some numbers.")
+
+    assert run.result.ok and "All done." in run.result.stdout, run.result
+    assert {r.status for r in run.chat_requests} == {200}
+    main, resumed = [s for s in run.record.samples if not s.auxiliary]
+    summaries = [s for s in run.record.samples if (s.fork_reason or "").startswith("compaction request")]
+    assert len(run.record.samples) == 4, "the title, the main conversation, its summary, the resumed conversation"
+    assert len(summaries) == 1 and summaries[0].auxiliary and len(summaries[0].turns) == 1
+    assert len(main.turns) == 3 and main.index < summaries[0].index < resumed.index
+    assert resumed.fork_reason and len(resumed.turns) == 1
+    assert [(e["request_kind"], e["extended"]) for e in run.record.events if e["kind"] == "side_request"] == [
+        ("compaction", False)]
+    assert_token_exact(run.record, scripted.calls)
+
+
+async def test_opencode_compacts_on_a_context_overflow_and_goes_on_but_exits_1(scripted, tiny_model_dir):
+    """Told a window larger than the policy's, OpenCode overflows it: the server's OpenAI-worded 400 ("maximum
+    context length is N tokens") is recognised as an overflow, and OpenCode compacts and resumes as it does near
+    its window, so the record is the same. But it also reports the 400 as a session error: `opencode run` prints
+    it and exits 1 after the answer (why `compaction_reserve` keeps it ahead of the policy's window)."""
+    opencode = OpenCodeAgent(binary=require_agent(OPENCODE), context_window=65_536, max_tokens=512)
+    calls = [bash_call(f"seq {i * 1000} {i * 1000 + 600}") for i in range(1, 3)]
+    scripted.script(calls[0], *calls, "## Goal\nList numbers.\n## Progress\nTwo lists printed.", "All done.")
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir,
+                          max_model_len=26_000)  # OpenCode's first request is ~20k tokens of the test vocabulary
+    async with InterceptionServer(config) as server:
+        run = await run_agent(opencode, server, instruction="List some numbers.")
+
+    assert run.result.exit_code == 1 and "All done." in run.result.stdout, run.result
+    assert "maximum context length is 26000 tokens" in run.result.stderr
+    assert [r.status for r in run.chat_requests].count(400) == 1
+    main, resumed = [s for s in run.record.samples if not s.auxiliary]
+    summaries = [s for s in run.record.samples if (s.fork_reason or "").startswith("compaction request")]
+    assert len(run.record.samples) == 4 and len(summaries) == 1 and summaries[0].auxiliary
+    assert len(main.turns) == 2 and main.index < summaries[0].index < resumed.index
+    assert resumed.fork_reason and len(resumed.turns) == 1
+    assert any(e["kind"] == "context_length_exceeded" for e in run.record.events)
     assert_token_exact(run.record, scripted.calls)

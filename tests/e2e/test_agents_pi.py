@@ -17,6 +17,7 @@ from aiohttp import web
 
 from agents import AgentRollout, Heartbeat, LocalSandbox, PiAgent, RunLimits
 from agents.packages import PI
+from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import bash_call, check_first_request, interception_server, require_agent, run_agent
 from tests.fakes import Slow
 from tests.invariants import assert_token_exact
@@ -135,3 +136,34 @@ async def test_a_timeout_ends_pi_and_the_detached_command_its_bash_tool_runs(pi,
         run = await running
     assert run.result.outcome == "timeout"
     assert processes_running(command) == []
+
+
+async def test_pi_compacts_on_a_context_overflow_and_goes_on_but_prints_no_answer(scripted, tiny_model_dir):
+    """A 12k-token context that the fourth turn overflows: the server answers OpenAI's "maximum context length"
+    400, Pi asks for a summary of the turn so far (a request without tools, its summariser's system prompt), then
+    continues from the summary to its answer. The summary is an auxiliary sample whose reason says "compaction
+    request", the resumed conversation a new sample; nothing is spliced, every sample is token-exact.
+
+    Pi 0.73.1's print mode does not wait for that recovery: it has already read the failed turn's state, so it
+    prints nothing and exits 0 once the resumed conversation ends (why compaction stays off by default)."""
+    pi = PiAgent(binary=require_agent(PI), context_window=12_000, max_tokens=512,
+                 settings={"compaction": {"enabled": True, "reserveTokens": 2048, "keepRecentTokens": 1000}})
+    calls = [bash_call(f"seq {i * 1000} {i * 1000 + 600}") for i in range(1, 4)]
+    summary = "## Original Request\nList numbers.\n## Early Progress\n- Three lists printed."
+    scripted.script(*calls, summary, "All done.")
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir,
+                          max_model_len=12_000)  # Pi's first request is ~5k tokens of the test vocabulary
+    async with InterceptionServer(config) as server:
+        run = await run_agent(pi, server, instruction="List some numbers.")
+
+    assert run.result.exit_code == 0 and run.result.stdout == "", run.result
+    assert [r.status for r in run.chat_requests] == [200, 200, 200, 400, 200, 200]
+    assert b"All done." in run.chat_requests[-1].response, "the resumed conversation reached the answer"
+    main, compaction, resumed = run.record.samples
+    assert len(main.turns) == 3 and main.fork_reason is None and not main.auxiliary
+    assert compaction.auxiliary and compaction.fork_reason.startswith("compaction request")
+    assert not resumed.auxiliary and resumed.fork_reason and len(resumed.turns) == 1
+    assert [(e["request_kind"], e["extended"]) for e in run.record.events if e["kind"] == "side_request"] == [
+        ("compaction", False)]
+    assert any(e["kind"] == "context_length_exceeded" for e in run.record.events)
+    assert_token_exact(run.record, scripted.calls)
