@@ -11,7 +11,9 @@ dialect. Configuration, in `$CODEX_HOME/config.toml` (0600, in the rollout's own
   `namespace` tool, built-in ones), which the Responses dialect refuses;
 - `approval_policy = "never"`, `sandbox_mode = "danger-full-access"`: the rollout's sandbox is the boundary, Codex's
   own (Landlock/seccomp) would need privileges the sandbox does not give;
-- `shell_environment_policy`: the tool processes inherit the core variables only.
+- `shell_environment_policy`: the tool processes inherit the core variables only; `allow_login_shell = false`:
+  by default `exec_command` runs `bash -lc`, whose /etc/profile resets PATH, so the rollout's `answer` command was
+  "command not found" (seen with 0.169.0).
 
 Run: `codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox --ephemeral -` with the
 instruction on stdin. Its shell tool is the function `exec_command` (`{"cmd": ...}`); it compacts through the same
@@ -69,6 +71,7 @@ class CodexAgent:
             "approval_policy": "never",
             "sandbox_mode": "danger-full-access",
             "web_search": "disabled",  # a built-in tool the policy cannot serve
+            "allow_login_shell": False,  # a login shell resets PATH, losing the rollout's `answer` command
         }
         provider = {
             "name": _PROVIDER,
