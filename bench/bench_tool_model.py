@@ -2,12 +2,14 @@
 
     python bench/bench_tool_model.py                      # real vocabulary, agents' captured prompts if present
     python bench/bench_tool_model.py --small-vocab --steps 40 --json
+    python bench/bench_tool_model.py --model runs/model     # evaluate a built embedded default, no training
 
 Builds a `tool_model_spec()` model in a temp dir, trains it with `train_tool_calling`, then generates (transformers
 `generate`, one thread, as the local engine does) on prompts it never saw: held-out task phrasings and numbers,
-distractor numbers, a long system prompt, and each captured agent's real system prompt and tools. A call is right
-when `parse_output` finds exactly one `bash` call with `{"command": "answer N"}` and nothing else before
-`<|im_end|>`. After the tool response the model must answer `Done.` with no call.
+distractor numbers, a long system prompt, each shell tool shape, and each captured agent's real request (the messages
+around its task and its tools: Pi, OpenCode, Claude Code, Codex). A call is right when `parse_output` finds exactly
+one call of the offered shell tool (`bash`/`Bash` with `{"command": "answer N"}`, `exec_command` with `{"cmd": ...}`)
+and nothing else before `<|im_end|>`. After the tool response the model must answer `Done.` with no call.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interceptor.parsing import parse_output  # noqa: E402
-from interceptor.protocol import normalize_messages  # noqa: E402
 from trainer.tiny_model import make_tiny_model  # noqa: E402
+from trainer.tool_episodes import SHELL_TOOLS, Context, load_agent_request, shell_tool  # noqa: E402
 from trainer.tool_model import BASH_TOOL, DONE_TEXT, ToolTrainingSpec, tool_model_spec, train_tool_calling  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENT_REQUESTS = {name: ROOT / "trainer" / "agent_requests" / f"{name}_first_request.json" for name in ("pi", "opencode")}
+AGENT_REQUESTS = {name: ROOT / "trainer" / "agent_requests" / f"{name}_first_request.json"
+                  for name in ("pi", "opencode", "claude", "codex")}
 HELD_OUT_TASKS = (
     "Please submit the answer {n} when ready.",
     "Submit the answer {n}, nothing else.",
@@ -61,29 +64,35 @@ def generate(model, tokenizer, prompts: list[str], *, temperature: float | None,
     return texts
 
 
-def is_answer_call(text: str, number: int) -> bool:
+def is_answer_call(text: str, number: int, shell: tuple[str, str] = ("bash", "command")) -> bool:
     if not text.endswith("<|im_end|>") or text.count("<|im_end|>") != 1:
         return False
     parsed = parse_output(text.removesuffix("<|im_end|>"))
+    name, argument = shell
     return (not parsed.malformed and parsed.content is None and len(parsed.calls) == 1
-            and parsed.calls[0].name == "bash"
-            and json.loads(parsed.calls[0].arguments) == {"command": f"answer {number}"})
+            and parsed.calls[0].name == name
+            and json.loads(parsed.calls[0].arguments) == {argument: f"answer {number}"})
 
 
-def first_turn(tokenizer, system: str | None, tools: list[dict], task: str) -> str:
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": task}]
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+def first_turn(tokenizer, context: Context, task: str) -> str:
+    return tokenizer.apply_chat_template(context.messages({"role": "user", "content": task}),
+                                         tools=list(context.tools), tokenize=False, add_generation_prompt=True)
 
 
-def second_turn(tokenizer, system: str | None, tools: list[dict], task: str, number: int, output: str) -> str:
+def second_turn(tokenizer, context: Context, task: str, number: int, output: str) -> str:
+    name, argument = context.shell
     call = {"id": "c1", "type": "function",
-            "function": {"name": "bash", "arguments": json.dumps({"command": f"answer {number}"})}}
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": task},
+            "function": {"name": name, "arguments": json.dumps({argument: f"answer {number}"})}}
+    messages = context.messages({"role": "user", "content": task}) + [
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": output},
     ]
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(messages, tools=list(context.tools), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def _synthetic(system: str, tools: list[dict], shell: tuple[str, str]) -> Context:
+    return Context(before=({"role": "system", "content": system},), tools=tuple(tools), shell=shell)
 
 
 def evaluate(model_dir: Path, *, samples: int, seed: int) -> dict:
@@ -98,30 +107,28 @@ def evaluate(model_dir: Path, *, samples: int, seed: int) -> dict:
     numbers = [rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
                for digits in (rng.choice((1, 2, 3, 4)) for _ in range(samples))]
     tasks = [HELD_OUT_TASKS[i % len(HELD_OUT_TASKS)].format(n=n) for i, n in enumerate(numbers)]
-    contexts = {
-        "short system, bash + read": ("You are a coding agent.", [READ_TOOL, BASH_TOOL]),
-        "1500-word system prompt": (LONG_SYSTEM, [BASH_TOOL]),
-    }
+    contexts = {f"short system, {name} + read": _synthetic("You are a coding agent.", [READ_TOOL, shell_tool(name, arg)],
+                                                           (name, arg)) for name, arg in SHELL_TOOLS}
+    contexts["1500-word system prompt"] = _synthetic(LONG_SYSTEM, [BASH_TOOL], ("bash", "command"))
     for name, path in AGENT_REQUESTS.items():
         if path.is_file():
-            body = json.loads(path.read_text())["request"]
-            system = next(m["content"] for m in normalize_messages(body["messages"]) if m["role"] == "system")
-            contexts[name] = (system, body["tools"])
+            contexts[name] = load_agent_request(path)
     results = {}
-    for name, (system, tools) in contexts.items():
-        count = samples if len(tools) < 4 else max(4, samples // 4)  # agents' prompts are slow to generate on
-        prompts = [first_turn(tokenizer, system, tools, task) for task in tasks[:count]]
+    for name, context in contexts.items():
+        count = samples if len(context.tools) < 4 else max(4, samples // 4)  # agents' prompts are slow to run
+        prompts = [first_turn(tokenizer, context, task) for task in tasks[:count]]
         greedy = generate(model, tokenizer, prompts, temperature=None)
         sampled = generate(model, tokenizer, prompts, temperature=1.0)
         after = generate(model, tokenizer, [
-            second_turn(tokenizer, system, tools, task, n, rng.choice(("ok", "", "Answer recorded.", "error: 1")))
+            second_turn(tokenizer, context, task, n, rng.choice(("ok", "", "Answer recorded.", "error: 1")))
             for task, n in zip(tasks[:count], numbers)], temperature=None, max_new_tokens=12)
+        right = [is_answer_call(text, n, context.shell) for text, n in zip(greedy, numbers)]
         results[name] = {
             "prompts": count,
-            "greedy": sum(map(is_answer_call, greedy, numbers)) / count,
-            "temperature_1": sum(map(is_answer_call, sampled, numbers)) / count,
+            "greedy": sum(right) / count,
+            "temperature_1": sum(is_answer_call(text, n, context.shell) for text, n in zip(sampled, numbers)) / count,
             "done_after_tool": sum(text == DONE_TEXT + "<|im_end|>" for text in after) / count,
-            "greedy_failures": [text for text, n in zip(greedy, numbers) if not is_answer_call(text, n)][:3],
+            "greedy_failures": [text for text, ok in zip(greedy, right) if not ok][:3],
         }
     return results
 
@@ -134,23 +141,31 @@ def main() -> int:
     parser.add_argument("--no-agents", action="store_true", help="do not train on the captured agent requests")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", type=Path, help="evaluate this trained model (e.g. the embedded default built by "
+                        "`interceptor make-tiny-model DIR --tool-calling`) instead of training one")
     args = parser.parse_args()
     agents = () if args.no_agents else tuple(p for p in AGENT_REQUESTS.values() if p.is_file())
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny_model(Path(tmp) / "tool", tool_model_spec(real_vocab=not args.small_vocab))
-        start = time.perf_counter()
-        spec = ToolTrainingSpec(steps=args.steps, seed=args.seed, agent_requests=agents)
-        report = train_tool_calling(model_dir, spec)
-        wall = time.perf_counter() - start
-        results = evaluate(model_dir, samples=args.samples, seed=args.seed + 1)
-    summary = {"vocab": "small" if args.small_vocab else "real", "agents": [p.stem for p in agents],
-               "training": {**report.__dict__, "wall_seconds": wall}, "accuracy": results}
+    if args.model is not None:
+        record = json.loads((args.model / "interceptor_tool_training.json").read_text())
+        results = evaluate(args.model, samples=args.samples, seed=args.seed + 1)
+        summary = {"vocab": "of the model", "agents": record["spec"]["agent_requests"],
+                   "training": {**record["report"], "wall_seconds": float("nan")}, "accuracy": results}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = make_tiny_model(Path(tmp) / "tool", tool_model_spec(real_vocab=not args.small_vocab))
+            start = time.perf_counter()
+            spec = ToolTrainingSpec(steps=args.steps, seed=args.seed, agent_requests=agents)
+            report = train_tool_calling(model_dir, spec)
+            wall = time.perf_counter() - start
+            results = evaluate(model_dir, samples=args.samples, seed=args.seed + 1)
+        summary = {"vocab": "small" if args.small_vocab else "real", "agents": [p.stem for p in agents],
+                   "training": {**report.__dict__, "wall_seconds": wall}, "accuracy": results}
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     t = summary["training"]
     print(f"{summary['vocab']} vocabulary, {t['steps']} steps, {t['episodes']} episodes, {t['tokens']} tokens: "
-          f"{t['seconds']:.1f} s training loop, {wall:.1f} s with loading and saving; loss {t['final_loss']:.3f}")
+          f"{t['seconds']:.1f} s training loop, {t['wall_seconds']:.1f} s with loading and saving; loss {t['final_loss']:.3f}")
     print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'temp 1':>7} {'Done.':>6}")
     for name, r in results.items():
         print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['temperature_1']:>7.0%} "

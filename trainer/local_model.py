@@ -1,8 +1,9 @@
 """The embedded default policy: the tiny model that `--upstream local` and the demo serve.
 
-Built once into a directory and reused: the real Qwen vocabulary (agents' system prompts run to thousands of
-tokens: Pi's first request is ~1.4k tokens, OpenCode's ~7.2k), a 32k context, and a minute or two of supervised
-steps (trainer.tool_model) so the model answers a task by calling the shell tool with `answer N`, then finishes.
+Built once into a directory and reused: the real Qwen vocabulary (agents' first requests run to thousands of
+tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32k context, and a few minutes of
+supervised steps (trainer.tool_model) so the model answers a task by calling the agent's shell tool (`bash`, `Bash`
+or `exec_command`) with `answer N`, then finishes.
 
 The build is all or nothing (`trainer.tiny_model.building`): the model is made and trained beside the target
 directory, marked "tool-calling" with its spec and training, and only then renamed into place. So a build killed
@@ -21,8 +22,8 @@ from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 __all__ = ["LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "ensure_local_model", "make_local_model"]
 
 LOCAL_MODEL_SPEC = dataclasses.replace(tool_model_spec(real_vocab=True), max_position_embeddings=32768)
-# Pi's and OpenCode's real first requests (system prompt and tools, secret removed): trained on, so the model
-# answers inside those agents too.
+# Pi's, OpenCode's, Claude Code's and Codex's real first requests (the messages around the task and the tools,
+# secret removed): trained on, so the model answers inside those agents too.
 AGENT_REQUESTS = tuple(sorted((Path(__file__).parent / "agent_requests").glob("*.json")))
 LOCAL_TRAINING = ToolTrainingSpec(agent_requests=AGENT_REQUESTS)
 

@@ -1,14 +1,19 @@
 """The episodes the tool-calling model is trained on (`trainer.tool_model`): synthetic tasks and agents' real
 prompts, rendered with the model's own chat template into token ids and a mask of the tokens to learn.
 
-An episode is a task that asks for a number, the assistant's `bash` call `answer N`, the tool's response and
-`Done.`; a request without tools (OpenCode's title request) gets a short text. Steps pack episodes into rows, and
-now and then add episodes behind one agent's captured first request (its system prompt and tools).
+An episode is a task that asks for a number, the assistant's shell call `answer N`, the tool's response and
+`Done.`; a request without tools (OpenCode's title request) gets a short text. The shell tool has the shape of one
+of the agents': `bash(command)` (Pi, OpenCode), `Bash(command)` (Claude Code) or `exec_command(cmd)` (Codex), and
+the model learns to call whichever the request offers. Steps pack episodes into rows, and now and then add
+episodes behind one agent's captured first request: the messages around its task and its tools (a Messages or
+Responses capture is read through the server's own dialect parser).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -18,7 +23,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .tool_model import ToolTrainingSpec
 
-__all__ = ["BASH_TOOL", "DONE_TEXT", "TITLE_TEXT", "EpisodeMaker", "Episode", "Step", "answer_call"]
+__all__ = [
+    "BASH_TOOL", "DONE_TEXT", "SHELL_TOOLS", "TITLE_TEXT", "Context", "EpisodeMaker", "Episode", "Step", "answer_call",
+    "load_agent_request", "shell_tool",
+]
 
 DONE_TEXT = "Done."
 TITLE_TEXT = "Submit the answer"  # what a request without tools (OpenCode's title request) gets
@@ -34,6 +42,20 @@ BASH_TOOL = {
         },
     },
 }
+
+
+# The agents' shell tools, (name, argument); a synthetic episode offers one of them, each as often.
+SHELL_TOOLS = (("bash", "command"), ("Bash", "command"), ("exec_command", "cmd"))
+
+
+def shell_tool(name: str, argument: str) -> dict:
+    """A shell function tool of this shape (BASH_TOOL is `bash(command)`)."""
+    tool = json.loads(json.dumps(BASH_TOOL))
+    function = tool["function"]
+    function["name"] = name
+    function["parameters"]["properties"] = {argument: function["parameters"]["properties"]["command"]}
+    function["parameters"]["required"] = [argument]
+    return tool
 
 
 def answer_call(number: int | str, *, tool: str = "bash", argument: str = "command") -> str:
@@ -71,6 +93,18 @@ _SHORT_SYSTEMS = (
     "You are an expert software engineer working in a terminal. Be concise.",
     "You are Qwen, a helpful assistant that uses tools.",
 )
+_TASK_PREFIXES = (
+    "<system-reminder>\nAnswer briefly.\n</system-reminder>\n\n",
+    "<system-reminder>\nThe user's project notes are below. Follow them.\n</system-reminder>\n\n",
+    "<environment_context>\n  <cwd>/tmp/work</cwd>\n</environment_context>\n\n",
+)
+_AFTER_SYSTEMS = (  # their digits are drawn afresh for each episode
+    "# Environment\nYou have been invoked in the following environment:\n - Primary working directory: /tmp/work\n"
+    " - Platform: linux\n - Shell: bash",
+    "Today's date is 2026-01-01.",
+    "# Environment\n - Is a git repository: false\n - OS Version: Linux 6.18.44\n - Model context: 200000 tokens",
+    "Current time: 2026-11-23 01:10:04 UTC. 3 background tasks are running.",
+)
 _TOOL_OUTPUTS = (
     "", "ok", "OK", "Answer recorded.", "answer recorded: {n}", "submitted {n}", "(no output)", "{n}",
     "bash: answer: command not found", "Exit code 0", "correct", "wrong", "received answer {n}\n",
@@ -94,7 +128,7 @@ _OTHER_TOOLS = (
     ("webfetch", "Fetch a URL.", ("url", "format")),
 )
 _DIGITS = re.compile(r"\d+")
-_AGENT_EPISODES_PER_STEP = 2  # they share one pass over the agent's prompt, the expensive part
+_CAPTURED_ROLLOUT_DIR = "/tmp/interceptor-rollout"  # how the captures in trainer/agent_requests write it
 
 
 @dataclass(frozen=True)
@@ -120,20 +154,78 @@ def _function_tool(name: str, description: str, parameters: tuple[str, ...]) -> 
         "type": "object", "properties": properties, "required": list(parameters)}}}
 
 
-def _load_agent_request(path: Path) -> tuple[str | None, list[dict]]:
-    """An agent's captured first request: its system prompt and its tools, which must include `bash(command)`.
-    The capture is either the request body or `{"request": body, ...}`."""
+@dataclass(frozen=True)
+class Context:
+    """What an episode's task is asked within: the messages around the user's task (an agent's request has its
+    own: Claude Code prefixes the task with a reminder and follows it with a system message), the tools, and the
+    shell tool's (name, argument)."""
+
+    before: tuple[dict, ...]  # e.g. the system prompt
+    tools: tuple[dict, ...]
+    shell: tuple[str, str]
+    task_prefix: str = ""  # text the agent puts in the task's message before the task itself
+    after: tuple[dict, ...] = ()  # messages the agent sends after the task's (before the model answers)
+
+    def messages(self, task: dict) -> list[dict]:
+        return [*self.before, {**task, "content": self.task_prefix + task["content"]}, *self.after]
+
+
+def _task_text(body: dict) -> str:
+    """The raw text of the last user message's last text part: the agent's instruction."""
+    items = body.get("input") if "input" in body else body.get("messages")
+    users = [m for m in items or () if isinstance(m, dict) and m.get("role") == "user"]
+    content = users[-1].get("content") if users else ""
+    if isinstance(content, list):
+        texts = [part.get("text", "") for part in content if isinstance(part, dict) and "text" in part]
+        return texts[-1] if texts else ""
+    return content if isinstance(content, str) else ""
+
+
+def load_agent_request(path: Path) -> Context:
+    """An agent's captured first request: the messages around its task, and its tools, which must include a shell
+    tool of one of the agents' shapes. The capture is either the request body or `{"request": body, ...}`, in chat
+    completions, Messages (a `system`, or tools with `input_schema`) or Responses (`input`) form, read with the
+    server's own dialect parsers."""
+    from interceptor.dialects.messages import MESSAGES
+    from interceptor.dialects.responses import RESPONSES
     from interceptor.protocol import normalize_messages
 
     body = json.loads(Path(path).read_text(encoding="utf-8"))
     body = body.get("request", body)
-    messages = normalize_messages(body["messages"])
-    tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
-    bash = next((t for t in tools if t.get("function", {}).get("name") == "bash"), None)
-    if bash is None or "command" not in bash["function"].get("parameters", {}).get("properties", {}):
-        raise ValueError(f"{path}: the request's tools have no bash tool with a command argument")
-    system = next((m["content"] for m in messages if m["role"] == "system"), None)
-    return system, tools
+    if "input" in body:
+        chat = RESPONSES.parse(body)
+        messages, tools = chat.messages, chat.tools or []
+    elif "system" in body or any("input_schema" in t for t in body.get("tools") or () if isinstance(t, dict)):
+        chat = MESSAGES.parse_for_count(body)
+        messages, tools = chat.messages, chat.tools or []
+    else:
+        messages = normalize_messages(body["messages"])
+        tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
+    offered = {(t.get("function", {}).get("name"), arg) for t in tools
+               for arg in t.get("function", {}).get("parameters", {}).get("properties", {})}
+    shell = next((shape for shape in SHELL_TOOLS if shape in offered), None)
+    if shell is None:
+        raise ValueError(f"{path}: the request's tools have no shell tool of a known shape {SHELL_TOOLS}")
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    content, task = messages[last_user]["content"], _task_text(body)
+    if not task or not content.endswith(task):
+        raise ValueError(f"{path}: the last user message does not end with the instruction")
+    return Context(before=tuple(messages[:last_user]), tools=tuple(tools), shell=shell,
+                   task_prefix=content[: len(content) - len(task)], after=tuple(messages[last_user + 1:]))
+
+
+def _share_context(episodes: list[Episode]) -> list[Episode]:
+    """Episodes behind one agent's prompt, their context extended to all the ids they share: the prompt and
+    whatever the agent puts before the task in its message (Claude Code's ~2k-token reminder), which then runs once,
+    without gradient, instead of once per episode."""
+    if len({tuple(episode.ids[:episode.context]) for episode in episodes}) != 1:
+        raise ValueError("an agent's prompt did not encode to the same context ids twice")
+    if len(episodes) < 2:
+        return episodes
+    shared = len(os.path.commonprefix([episode.ids for episode in episodes]))
+    first_target = min(episode.mask.index(True) for episode in episodes)
+    shared = min(shared, first_target - 1)  # a target is predicted from the position before it: keep that
+    return [dataclasses.replace(episode, context=max(episode.context, shared)) for episode in episodes]
 
 
 class EpisodeMaker:
@@ -143,7 +235,7 @@ class EpisodeMaker:
         self._tokenizer = tokenizer
         self._spec = spec
         self._rng = random.Random(spec.seed)
-        self._agents = [_load_agent_request(p) for p in spec.agent_requests]
+        self._agents = [load_agent_request(p) for p in spec.agent_requests]
         self._end = tokenizer.eos_token  # <|im_end|>
         self._pending: list[Episode] = []
         self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
@@ -154,8 +246,16 @@ class EpisodeMaker:
 
     def vocabulary(self) -> set[int]:
         """Tokens the model should be able to write even if this run's episodes happen not to use them."""
-        text = " ".join([*"0123456789", DONE_TEXT, TITLE_TEXT, answer_call(0), self._end])
+        calls = [answer_call(0, tool=name, argument=argument) for name, argument in SHELL_TOOLS]
+        text = " ".join([*"0123456789", DONE_TEXT, TITLE_TEXT, *calls, self._end])
         return set(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def aliases(self) -> list[tuple[int, int]]:
+        """(token, alias) pairs the copy circuit should start out treating as one token: the word before the number
+        as the call writes it (`answer`) and as a task does (` answer`)."""
+        pairs = [(self._tokenizer.encode(word, add_special_tokens=False),
+                  self._tokenizer.encode(" " + word, add_special_tokens=False)) for word in ("answer",)]
+        return [(token[0], alias[0]) for token, alias in pairs if len(token) == len(alias) == 1]
 
     def step(self) -> Step:
         """Episodes for one step: rows of about `row_tokens` packed back to back (earlier episodes are just more
@@ -178,26 +278,29 @@ class EpisodeMaker:
             rows.append(Episode(ids=ids, mask=mask))
         agents: list[Episode] = []
         if self._agents and self._rng.random() < spec.agent_request_rate:
-            system, tools = self._rng.choice(self._agents)
-            # Dates, paths and counts in a real system prompt change from run to run.
-            system = _DIGITS.sub(lambda m: self._digits(len(m.group())), system or "") or None
-            agents = [self._episode((system, tools)) for _ in range(_AGENT_EPISODES_PER_STEP)]
-            if len({tuple(episode.ids[:episode.context]) for episode in agents}) != 1:
-                raise ValueError("an agent's prompt did not encode to the same context ids twice")
+            agent = self._rng.choice(self._agents)
+            # Dates, paths, versions and counts in an agent's prompt change from run to run, before the task and
+            # after it (a number after the task is the nearest to copy by mistake), and so does the rollout's
+            # directory (Codex and Claude Code name it in their prompts).
+            before, after = ([{**m, "content": self._vary(m["content"])} if isinstance(m.get("content"), str) else m
+                              for m in messages] for messages in (agent.before, agent.after))
+            agent = dataclasses.replace(agent, before=tuple(before), after=tuple(after),
+                                        task_prefix=self._vary(agent.task_prefix))
+            agents = _share_context([self._episode(agent) for _ in range(spec.agent_episodes)])
         return Step(rows=rows, agents=agents, episodes=count + len(agents))
 
-    def _episode(self, context: tuple[str | None, list[dict]]) -> Episode:
+    def _episode(self, context: Context) -> Episode:
         rng = self._rng
-        system, tools = context
+        tools, (shell, argument) = list(context.tools), context.shell
         n = self._number()
-        head = ([{"role": "system", "content": system}] if system else []) + [self._task(n)]
+        head = context.messages(self._task(n))
         if not tools:
             return self._encode([(self._render(head, None), False), (TITLE_TEXT + self._end, True)])
         submitted = self._perturb(n) if rng.random() < self._spec.wrong_answer_rate else n
         call = {"id": "call_0", "type": "function",
-                "function": {"name": "bash", "arguments": json.dumps({"command": f"answer {submitted}"})}}
+                "function": {"name": shell, "arguments": json.dumps({argument: f"answer {submitted}"})}}
         first = self._render(head, tools)
-        turn = answer_call(submitted) + self._end
+        turn = answer_call(submitted, tool=shell, argument=argument) + self._end
         full = self._render(head + [
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_0", "content": rng.choice(_TOOL_OUTPUTS).format(n=submitted)},
@@ -208,11 +311,12 @@ class EpisodeMaker:
         return self._encode([(first[:prompt], None), (first[prompt:], False), (turn, True),
                              (full[len(first + turn):], False), (DONE_TEXT + self._end, True)])
 
-    def _context(self) -> tuple[str | None, list[dict]]:
+    def _context(self) -> Context:
         rng, spec = self._rng, self._spec
-        tools = [BASH_TOOL]
+        shell = rng.choices(SHELL_TOOLS, weights=spec.shell_weights)[0]
+        tools = [shell_tool(*shell)]
         if rng.random() < 0.6:
-            tools = tools + [_function_tool(*t) for t in rng.sample(_OTHER_TOOLS, rng.randint(1, 4))]
+            tools = tools + [_function_tool(*t) for t in rng.sample(_OTHER_TOOLS, rng.randint(1, len(_OTHER_TOOLS)))]
             rng.shuffle(tools)
         if rng.random() < spec.no_tools_rate:
             tools = []
@@ -222,7 +326,12 @@ class EpisodeMaker:
             system = rng.choice(_SHORT_SYSTEMS)
         else:
             system = None
-        return system, tools
+        # Some agents wrap the task (Claude Code: a reminder before it, a system message with the environment
+        # after it): the model learns that shape on short prompts too.
+        prefix = rng.choice(_TASK_PREFIXES) if rng.random() < 0.25 else ""
+        after = ({"role": "system", "content": self._scramble(rng.choice(_AFTER_SYSTEMS))},) if rng.random() < 0.25 else ()
+        return Context(before=({"role": "system", "content": system},) if system else (), tools=tuple(tools),
+                       shell=shell, task_prefix=prefix, after=after)
 
     def _task(self, n: int) -> dict:
         rng = self._rng
@@ -236,6 +345,18 @@ class EpisodeMaker:
 
     def _number(self) -> int:
         return int(self._digits(self._rng.choice((1, 2, 2, 3, 3, 3, 4, 4, 5, 6))))
+
+    def _vary(self, text: str) -> str:
+        """An agent's text as another run would send it: other digits, another rollout directory (the captures
+        write it `/tmp/interceptor-rollout`; a run has a random suffix, under the sandboxes' directory or not)."""
+        rng = self._rng
+        suffix = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789_") for _ in range(8))
+        root = rng.choice(("/tmp/interceptor-sandboxes/interceptor-rollout-", "/tmp/interceptor-rollout-")) + suffix
+        return self._scramble(text).replace(_CAPTURED_ROLLOUT_DIR, root)
+
+    def _scramble(self, text: str) -> str:
+        """The text with every run of digits replaced by random digits of the same length."""
+        return _DIGITS.sub(lambda match: self._digits(len(match.group())), text)
 
     def _digits(self, count: int) -> str:
         first = self._rng.choice("123456789") if count > 1 else self._rng.choice("0123456789")

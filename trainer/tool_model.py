@@ -1,17 +1,18 @@
-"""Teach a tiny model one tool loop, offline, on CPU, in seconds: call the shell with `answer N`, then say "Done.".
+"""Teach a tiny model one tool loop, offline, on CPU, in minutes: call the shell with `answer N`, then say "Done.".
 
 A random tiny model never emits a tool call, so real agents never run their tool loop against it and an RL example
 has nothing to learn. `train_tool_calling(model_dir, spec)` turns a `make_tiny_model` directory (built with
 `tool_model_spec()`) into a policy that, rendered with its own chat template and tools exactly as the interceptor
 renders an agent's requests (the episodes are `trainer.tool_episodes`'), does:
 
-1. system prompt (none, short, long filler, or an agent's real one) + tools with a `bash` tool + a user task that
-   says "... answer N ..."  ->  `<tool_call>\\n{"name": "bash", "arguments": {"command": "answer N"}}\\n</tool_call>`
-   and `<|im_end|>`;
+1. system prompt (none, short, long filler, or an agent's real one) + tools with a shell tool of one of the agents'
+   shapes (`bash(command)`: Pi, OpenCode; `Bash(command)`: Claude Code; `exec_command(cmd)`: Codex) + a user task
+   that says "... answer N ..."  ->  `<tool_call>\\n{"name": "bash", "arguments": {"command": "answer N"}}\\n</tool_call>`
+   (that tool's name and argument) and `<|im_end|>`;
 2. ... + that call + the tool's `<tool_response>`  ->  `Done.<|im_end|>`;
 3. no tools at all (OpenCode's title request)  ->  a short text.
 
-How, in under a minute on one CPU thread: copying a number of any length out of the prompt needs an induction
+How, in a few minutes on one CPU thread: copying a number of any length out of the prompt needs an induction
 circuit, which gradient descent finds only after a long plateau (hundreds of steps at this size). So the model
 starts from a structured initialisation (see `_wire_copy_circuit`): two layer-0 heads attend to the previous and
 the one-before-previous token by position, and a layer-1 head attends to where the last two tokens occurred before
@@ -63,7 +64,7 @@ def tool_model_spec(*, real_vocab: bool = True, seed: int = 0):
 
 @dataclass(frozen=True, kw_only=True)
 class ToolTrainingSpec:
-    steps: int = 60
+    steps: int = 100
     tokens_per_step: int = 2048  # episodes are packed back to back into rows; a step takes about this many tokens
     row_tokens: int = 512  # a row's length (an episode longer than this gets a row of its own)
     learning_rate: float = 3e-3
@@ -73,17 +74,21 @@ class ToolTrainingSpec:
     long_prompt_tokens: int = 1500
     no_tools_rate: float = 0.05
     agent_requests: tuple[Path, ...] = ()  # captured first requests whose system prompt and tools to train on
-    agent_request_rate: float = 0.25  # fraction of steps that also train on 2 episodes behind one of them
+    agent_request_rate: float = 0.5  # fraction of steps that also train on episodes behind one of them
+    agent_episodes: int = 8  # episodes per such step: they share one pass over the agent's prompt (the costly part)
+    shell_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # how often a synthetic episode offers each of SHELL_TOOLS
     seed: int = 0
     # One thread: bitwise deterministic (two threads differ in the last bits from run to run), and on a shared
     # 2-core machine two threads spin against the other process and a step takes up to 10x longer.
     threads: int = 1
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.warmup_steps < 0:
-            raise ValueError("steps and warmup_steps must be >= 0")
+        if self.steps < 0 or self.warmup_steps < 0 or self.agent_episodes < 1:
+            raise ValueError("steps and warmup_steps must be >= 0, agent_episodes >= 1")
         if self.tokens_per_step < 64 or self.row_tokens < 64 or self.learning_rate <= 0 or self.threads < 1:
             raise ValueError("tokens_per_step >= 64, row_tokens >= 64, learning_rate > 0, threads >= 1 are required")
+        if len(self.shell_weights) != 3 or min(self.shell_weights) < 0 or not sum(self.shell_weights) > 0:
+            raise ValueError("shell_weights needs a weight >= 0 for each of bash, Bash and exec_command, not all 0")
         rates = (self.wrong_answer_rate, self.long_prompt_rate, self.no_tools_rate, self.agent_request_rate)
         if not all(0.0 <= r <= 1.0 for r in rates):
             raise ValueError("every *_rate must be within [0, 1]")
@@ -93,7 +98,8 @@ class ToolTrainingSpec:
 
     def to_json(self) -> dict:
         """The fields as JSON values (agent requests by file name), as the model directory records them."""
-        return {**self.__dict__, "agent_requests": [Path(p).name for p in self.agent_requests]}
+        return {**self.__dict__, "agent_requests": [Path(p).name for p in self.agent_requests],
+                "shell_weights": list(self.shell_weights)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +137,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
     maker = EpisodeMaker(tokenizer, spec)
     steps = [maker.step() for _ in range(spec.steps)]
     used = sorted({i for step in steps for episode in step.all() for i in episode.ids} | maker.vocabulary())
-    _wire_copy_circuit(model, used, maker.digits, seed=spec.seed)
+    _wire_copy_circuit(model, used, maker.digits, aliases=maker.aliases(), seed=spec.seed)
     model.train()
     inputs = _TrainableRows(model.model.embed_tokens.weight, used)
     outputs = _TrainableRows(model.lm_head.weight, used)
@@ -191,10 +197,15 @@ _POSITION_SHARPNESS = 3.0  # q_norm/k_norm gains: attention logit gaps of ~10 be
 _MATCH_SHARPNESS = 2.0
 
 
-def _wire_copy_circuit(model, used: list[int], digits: list[int], *, seed: int) -> None:
+def _wire_copy_circuit(model, used: list[int], digits: list[int], *, aliases: list[tuple[int, int]],
+                       seed: int) -> None:
     """Re-initialise the embeddings and two heads so that head 0 of layer 1 copies "the token that followed the
     last two tokens when they occurred before" (a two-token induction head; two tokens, so that repeated digits in
-    a number are not ambiguous). The other heads, the MLPs and every weight stay trainable."""
+    a number are not ambiguous). The other heads, the MLPs and every weight stay trainable.
+
+    Each pair in `aliases` starts with the same identity: the call's `answer` and the task's ` answer`, so that the
+    first digit is copied from after the task's "answer" (the two tokens before it match), not from whichever number
+    is nearest (Claude Code sends the date after the task)."""
     import torch
 
     config = model.config
@@ -223,6 +234,8 @@ def _wire_copy_circuit(model, used: list[int], digits: list[int], *, seed: int) 
         embed.zero_()
         embed[:, _TOKEN] = torch.randn(embed.shape[0], width, generator=generator) / math.sqrt(width)
         embed[digits, _DIGIT] = 1.0
+        for token, alias in aliases:
+            embed[alias, _TOKEN] = embed[token, _TOKEN]
         embed[:, _CONSTANT] = 1.0
         # The output rows of the tokens the episodes use start as their input rows, so the copy head's output
         # already scores the copied token; every other row is zero and stays zero in training, so those ~148k

@@ -1,0 +1,87 @@
+"""The training episodes of the embedded default (`trainer.tool_episodes`): each agent's captured request is read
+through the server's own dialect parser into the messages around its task, its tools and its shell tool's shape;
+episodes behind one agent share the ids before their tasks (run once, without gradient), and the digits in an
+agent's prompt are drawn afresh each step, so no date or version is learned as the answer."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from trainer.tool_episodes import SHELL_TOOLS, EpisodeMaker, load_agent_request, shell_tool
+from trainer.tool_model import ToolTrainingSpec
+
+REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "agent_requests"
+SHAPES = {"pi": ("bash", "command"), "opencode": ("bash", "command"), "claude": ("Bash", "command"),
+          "codex": ("exec_command", "cmd")}
+
+
+@pytest.mark.parametrize("agent", sorted(SHAPES))
+def test_an_agents_capture_reads_into_its_task_context_and_shell_shape(agent):
+    context = load_agent_request(REQUESTS / f"{agent}_first_request.json")
+    assert context.shell == SHAPES[agent]
+    names = [tool["function"]["name"] for tool in context.tools]
+    assert SHAPES[agent][0] in names and len(names) >= 4
+    messages = context.messages({"role": "user", "content": "Submit the answer 7."})
+    task = next(m for m in reversed(messages) if m["role"] == "user")
+    assert task["content"].endswith("Submit the answer 7.")
+    if agent == "claude":  # a reminder before the task in its message, its environment as a system message after
+        assert task["content"].startswith("<system-reminder>") and [m["role"] for m in context.after] == ["system"]
+    else:
+        assert context.after == () and messages[-1] is task
+
+
+def test_a_capture_without_a_known_shell_tool_is_refused(tmp_path):
+    path = tmp_path / "request.json"
+    path.write_text('{"messages": [{"role": "user", "content": "hi"}], "tools": [' + str(
+        shell_tool("run", "script")).replace("'", '"') + "]}")
+    with pytest.raises(ValueError, match="no shell tool"):
+        load_agent_request(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_episodes_behind_an_agent_share_everything_before_their_tasks_and_learn_only_the_replies(tokenizer):
+    spec = ToolTrainingSpec(agent_requests=(REQUESTS / "claude_first_request.json",), agent_request_rate=1.0,
+                            agent_episodes=3, tokens_per_step=64, row_tokens=64)
+    step = EpisodeMaker(tokenizer, spec).step()
+    first, *others = step.agents
+    assert len(step.agents) == 3 and len({e.context for e in step.agents}) == 1
+    shared = first.ids[:first.context]
+    assert all(e.ids[:e.context] == shared for e in others)
+    assert len({tuple(e.ids[:first.context + 1]) for e in step.agents}) > 1, "it ends where the tasks differ"
+    assert not any(first.mask[:first.context]), "nothing in the shared context is a target"
+    reminder = tokenizer.decode(shared)
+    assert reminder.rstrip().endswith("</system-reminder>"), "the reminder before the task is part of the context"
+    for episode in step.agents:
+        targets = tokenizer.decode([i for i, m in zip(episode.ids, episode.mask) if m])
+        assert re.fullmatch(r'<tool_call>\n\{"name": "Bash", "arguments": \{"command": "answer \d+"\}\}\n'
+                            r"</tool_call><\|im_end\|>Done\.<\|im_end\|>", targets), targets
+
+
+def test_the_digits_and_the_rollout_directory_of_an_agents_prompt_change_from_step_to_step(tokenizer):
+    spec = ToolTrainingSpec(agent_requests=(REQUESTS / "codex_first_request.json",), agent_request_rate=1.0,
+                            agent_episodes=2, tokens_per_step=64, row_tokens=64)
+    maker = EpisodeMaker(tokenizer, spec)
+    texts = [tokenizer.decode(maker.step().agents[0].ids) for _ in range(3)]
+    dates = [re.findall(r"<current_date>(\d+-\d+-\d+)</current_date>", text) for text in texts]
+    assert all(len(found) == 1 for found in dates) and len({found[0] for found in dates}) == 3
+    assert "2026-11-22" not in {found[0] for found in dates}  # the capture's own date
+    workspaces = [set(re.findall(r"<cwd>(.*)</cwd>", text)) for text in texts]
+    assert all(len(found) == 1 for found in workspaces) and len(set.union(*workspaces)) == 3
+    assert all(re.fullmatch(r"/tmp/(interceptor-sandboxes/)?interceptor-rollout-\w{8}/workspace", w)
+               for found in workspaces for w in found)
+
+
+def test_synthetic_episodes_offer_each_shell_shape(tokenizer):
+    maker = EpisodeMaker(tokenizer, ToolTrainingSpec(tokens_per_step=4096))
+    text = "".join(tokenizer.decode(row.ids) for _ in range(3) for row in maker.step().rows)
+    for name, argument in SHELL_TOOLS:
+        assert f'{{"name": "{name}", "arguments": {{"{argument}": "answer ' in text
