@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny model built once per session, and a scripted policy server for fault injection."""
+"""Shared fixtures: a tiny model and the embedded default policy (the tiny model trained to call tools), each built
+once per session, and a scripted policy server for fault injection."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from trainer.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory) -> Path:
+    """The embedded default, built as `--upstream local` builds it (trainer.local_model): the policy the end-to-end
+    tests run real agents against, and the model tests/trainer/test_tool_model.py examines."""
+    from trainer.local_model import ensure_local_model
+
+    return ensure_local_model(tmp_path_factory.mktemp("models") / "tool-calling")
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
-"""Claude Code and Codex CLI against the interception server in front of the local engine (real generation, real
-prompts of 6k and 12k tokens): what the Messages and Responses dialects render is what the policy conditioned on.
+"""Claude Code and Codex CLI end to end on the embedded default: the real agent, the interception server's Messages
+or Responses dialect, and the local engine serving the tiny model trained to call tools (real generation, the
+agents' real prompts of 12k and 6k tokens).
 
-Every sampled token of every recorded sample must carry the logprob the engine gives it when it scores the
-recorded sequence afresh (`prompt_logprobs`), to 1e-4. The embedded default policy is trained on Pi's and
-OpenCode's tool shape, not on these agents' (`Bash`, `exec_command`), so the rollouts are not expected to earn a
-reward; they are expected to run, be recorded, and be token-exact.
+The model calls the agent's own shell tool (`Bash(command)` for Claude Code, `exec_command(cmd)` for Codex) with
+`answer N`; the agent runs it, sends the result back, the model says it is done, and the host grades the answer.
+The tool loop is one sample, and every sampled token of every recorded sample carries the logprob the engine gives
+it when it scores the recorded sequence afresh (`prompt_logprobs`), to 1e-4: what the dialects render is what the
+policy conditioned on.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from agents.runner import Runner, RunnerConfig
 from agents.tasks import load_tasks
 from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import require_agent
-from tests.e2e.test_pi_local_engine import tool_model_dir  # noqa: F401  (a session fixture: the embedded default)
 from tests.e2e.test_token_exact_real_policy import prompt_logprobs
 from trainer.engine import EngineConfig, LocalEngine
 
@@ -35,24 +36,35 @@ def codex_spec() -> CodexAgent:
     return CodexAgent(binary=require_agent(CODEX))
 
 
-@pytest.mark.parametrize("make_spec", [claude_spec, codex_spec], ids=["claude", "codex"])
-async def test_the_agents_samples_are_what_the_local_engine_sampled(make_spec, tool_model_dir, tmp_path):  # noqa: F811
+# Greedy, the tiny model copies the number right inside Codex's prompt; inside Claude Code's, which puts ~2k tokens
+# with numbers (its environment, the date) between the task and the answer, it now and then copies a number wrong
+# or runs on with digits until the output limit, which ends Claude Code with status 1 (tests/trainer/
+# test_tool_model.py and bench/bench_tool_model.py have the rates).
+@pytest.mark.parametrize(("make_spec", "rewards"), [(claude_spec, 1), (codex_spec, 2)], ids=["claude", "codex"])
+async def test_the_agent_runs_the_shell_tool_the_local_model_called_and_is_graded(make_spec, rewards, tool_model_dir,
+                                                                                  tmp_path):
     spec = make_spec()  # skips without the pinned agent; fails under CI
-    [task] = [t for t in load_tasks("examples/tasks/arithmetic.jsonl") if t.id == "submit-42"]
+    tasks = [t for t in load_tasks("examples/tasks/arithmetic.jsonl") if t.grader.kind == "answer"]
     async with LocalEngine(EngineConfig(model=tool_model_dir, port=0, served_model_name="policy")) as engine:
         config = ServerConfig(upstream=UpstreamConfig(base_url=engine.base_url), model_dir=tool_model_dir,
                               record_path=tmp_path / "rollouts.jsonl")
         async with InterceptionServer(config) as server:
-            runner = Runner(server, RunnerConfig(agent=spec, sampling=SamplingSettings(temperature=1.0, seed=7,
-                                                                                       max_tokens=96)))
-            [record] = await runner.run_tasks([task], n=1)
-            assert record.samples, (record.status, record.failure)
+            runner = Runner(server, RunnerConfig(agent=spec, concurrency=2,
+                                                 sampling=SamplingSettings(temperature=0.0, max_tokens=96)))
+            records = await runner.run_tasks(tasks, n=1)
+            outcomes = [(r.status, r.failure and r.failure.cause, r.answer, r.reward) for r in records]
+            assert all(r.status == "ok" or (r.status == "failed" and r.failure.cause == "agent")
+                       for r in records), outcomes  # never an infrastructure failure
+            assert all(r.answer is not None for r in records if r.status == "ok"), outcomes  # ran the tool call
+            assert sum(r.reward == 1.0 for r in records) >= rewards, outcomes
+            looped = [s for r in records for s in r.samples if not s.auxiliary and len(s.turns) >= 2]
+            assert looped, "the agent ran the shell tool call and sent its result back in the same sample"
             checked = 0
-            for sample in record.samples:
+            for sample in [s for r in records for s in r.samples]:
                 scored = await prompt_logprobs(engine.base_url, "policy", sample.input_ids)
                 for position, mask in enumerate(sample.completion_mask):
                     if mask:
                         assert math.isclose(scored[position], sample.old_logprobs[position], abs_tol=1e-4)
                         checked += 1
     assert checked >= 1
-    assert max(len(sample.input_ids) for sample in record.samples) > 4000  # the agent's real prompt
+    assert min(len(s.input_ids) for s in looped) > 4000  # the agent's real prompt

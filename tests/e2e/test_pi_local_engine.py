@@ -5,7 +5,6 @@ back, the host grades, and the trajectory holds the tool loop as one token-exact
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +18,6 @@ from tests.e2e.test_token_exact_real_policy import prompt_logprobs
 from trainer.engine import EngineConfig, LocalEngine
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="session")
-def tool_model_dir(tmp_path_factory) -> Path:
-    from trainer.local_model import ensure_local_model
-
-    return ensure_local_model(tmp_path_factory.mktemp("models") / "tool-calling")
 
 
 async def test_pi_runs_the_tool_the_local_model_called_and_is_graded(tool_model_dir, tmp_path):
