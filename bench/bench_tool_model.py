@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interceptor.parsing import parse_output  # noqa: E402
 from trainer.tiny_model import make_tiny_model  # noqa: E402
-from trainer.tool_episodes import SHELL_TOOLS, Context, load_agent_request, shell_tool  # noqa: E402
+from trainer.agent_contexts import SHELL_TOOLS, Context, load_agent_request  # noqa: E402
+from trainer.tool_episodes import shell_tool  # noqa: E402
 from trainer.tool_model import BASH_TOOL, DONE_TEXT, ToolTrainingSpec, tool_model_spec, train_tool_calling  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.tool_episodes import SHELL_TOOLS, EpisodeMaker, load_agent_request, shell_tool
+from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
+from trainer.tool_episodes import EpisodeMaker, shell_tool
 from trainer.tool_model import ToolTrainingSpec
 
 REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "agent_requests"

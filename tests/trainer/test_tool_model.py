@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from interceptor.parsing import parse_output
 from trainer.tiny_model import TinyModelSpec, make_tiny_model
-from trainer.tool_episodes import SHELL_TOOLS, load_agent_request, shell_tool
+from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
+from trainer.tool_episodes import shell_tool
 from trainer.tool_model import (
     BASH_TOOL, DONE_TEXT, ToolTrainingReport, ToolTrainingSpec, tool_model_spec, train_tool_calling,
 )
