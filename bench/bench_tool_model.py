@@ -108,8 +108,9 @@ def evaluate(model_dir: Path, *, samples: int, seed: int) -> dict:
     numbers = [rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
                for digits in (rng.choice((1, 2, 3, 4)) for _ in range(samples))]
     tasks = [HELD_OUT_TASKS[i % len(HELD_OUT_TASKS)].format(n=n) for i, n in enumerate(numbers)]
-    contexts = {f"short system, {name} + read": _synthetic("You are a coding agent.", [READ_TOOL, shell_tool(name, arg)],
-                                                           (name, arg)) for name, arg in SHELL_TOOLS}
+    contexts = {f"short system, {name} + read":
+                _synthetic("You are a coding agent.", [READ_TOOL, shell_tool(name, arg)], (name, arg))
+                for name, arg in SHELL_TOOLS}
     contexts["1500-word system prompt"] = _synthetic(LONG_SYSTEM, [BASH_TOOL], ("bash", "command"))
     for name, path in AGENT_REQUESTS.items():
         if path.is_file():
@@ -166,7 +167,8 @@ def main() -> int:
         return 0
     t = summary["training"]
     print(f"{summary['vocab']} vocabulary, {t['steps']} steps, {t['episodes']} episodes, {t['tokens']} tokens: "
-          f"{t['seconds']:.1f} s training loop, {t['wall_seconds']:.1f} s with loading and saving; loss {t['final_loss']:.3f}")
+          f"{t['seconds']:.1f} s training loop, {t['wall_seconds']:.1f} s with loading and saving; "
+          f"loss {t['final_loss']:.3f}")
     print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'temp 1':>7} {'Done.':>6}")
     for name, r in results.items():
         print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['temperature_1']:>7.0%} "

@@ -262,7 +262,9 @@ class EpisodeMaker:
         # Some agents wrap the task (Claude Code: a reminder before it, a system message with the environment
         # after it): the model learns that shape on short prompts too.
         prefix = rng.choice(_TASK_PREFIXES) if rng.random() < 0.25 else ""
-        after = ({"role": "system", "content": self._scramble(rng.choice(_AFTER_SYSTEMS))},) if rng.random() < 0.25 else ()
+        after = ()
+        if rng.random() < 0.25:
+            after = ({"role": "system", "content": self._scramble(rng.choice(_AFTER_SYSTEMS))},)
         return Context(before=({"role": "system", "content": system},) if system else (), tools=tuple(tools),
                        shell=shell, task_prefix=prefix, after=after)
 

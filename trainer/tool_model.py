@@ -7,8 +7,9 @@ renders an agent's requests (the episodes are `trainer.tool_episodes`'), does:
 
 1. system prompt (none, short, long filler, or an agent's real one) + tools with a shell tool of one of the agents'
    shapes (`bash(command)`: Pi, OpenCode; `Bash(command)`: Claude Code; `exec_command(cmd)`: Codex) + a user task
-   that says "... answer N ..."  ->  `<tool_call>\\n{"name": "bash", "arguments": {"command": "answer N"}}\\n</tool_call>`
-   (that tool's name and argument) and `<|im_end|>`;
+   that says "... answer N ..."  ->
+   `<tool_call>\\n{"name": "bash", "arguments": {"command": "answer N"}}\\n</tool_call>` (that tool's name and
+   argument) and `<|im_end|>`;
 2. ... + that call + the tool's `<tool_response>`  ->  `Done.<|im_end|>`;
 3. no tools at all (OpenCode's title request)  ->  a short text.
 
