@@ -52,6 +52,14 @@ class Case:
     upstream: dict = field(default_factory=dict)  # UpstreamConfig overrides
     server: dict = field(default_factory=dict)  # ServerConfig overrides
 
+    async def inject(self, upstream) -> None:
+        """Start the fault: the scripted first behaviours, then `then` for every call (or no listener at all)."""
+        upstream.script(*self.first)
+        if self.then is None:
+            await upstream.refuse_connections()
+        else:
+            upstream.then = self.then
+
 
 def _choice(edit) -> Mangled:
     """A good reply whose first choice is changed by `edit` (which changes the dict in place)."""
@@ -144,11 +152,7 @@ async def test_fault(case: Case, stream: bool, turn: str, upstream, tiny_model_d
         messages = await conversation(http, handle, upstream, turn=turn, stream=stream)
         good_calls = list(upstream.calls)
 
-        upstream.script(*case.first)
-        if case.then is None:
-            await upstream.refuse_connections()
-        else:
-            upstream.then = case.then
+        await case.inject(upstream)
         before = upstream.attempts
         answer = await chat(http, handle.base_url, handle.secret, body=request(messages, stream))
         spent = upstream.attempts - before

@@ -70,11 +70,7 @@ async def test_fault(case: Case, stream: bool, turn: str, upstream, tiny_model_d
             messages += [{"role": "assistant", "content": [{"type": "text", "text": GOOD_TEXT}]}, FOLLOW_UP]
         good_calls = list(upstream.calls)
 
-        upstream.script(*case.first)
-        if case.then is None:
-            await upstream.refuse_connections()
-        else:
-            upstream.then = case.then
+        await case.inject(upstream)
         answer = await messages_call(http, handle, messages, stream)
         status_http, status = await rollout_status(http, server.url, handle.id)
         finish_http, finished = await finish(http, server.url, handle.id, {"reward": 1})

@@ -56,11 +56,7 @@ async def test_fault(case: Case, stream: bool, turn: str, upstream, tiny_model_d
                        "content": [{"type": "output_text", "text": GOOD_TEXT}]}, FOLLOW_UP]  # fmt: skip
         good_calls = list(upstream.calls)
 
-        upstream.script(*case.first)
-        if case.then is None:
-            await upstream.refuse_connections()
-        else:
-            upstream.then = case.then
+        await case.inject(upstream)
         answer = await responses_call(http, handle, items, stream)
         status_http, status = await rollout_status(http, server.url, handle.id)
         finish_http, finished = await finish(http, server.url, handle.id, {"reward": 1})
