@@ -8,16 +8,26 @@ Two ways to render:
   depend on how long the conversation already is.
 
 Text is split at special tokens before BPE, so ids of a suffix that starts right after a special token are the
-ids a full tokenization would give there.
+ids a full tokenization would give there; for the same reason a long text is encoded as chunks cut after each
+end-of-turn token, in one batch call that spreads them over the tokenizer's threads without the GIL.
+
+Speed (`bench/bench_gate.py`): the template is rendered through transformers' own compiled template (its sandbox,
+filters and globals) without `render_jinja_template`'s defensive deep copy, which is for callers that pass rich
+objects; the messages and tools here are plain JSON from `orjson`, normalised once. Its `tojson` is memoised on
+the identity of the value, so the tool list a rollout resends (the same parsed objects, `body_cache.py`) is
+serialised once, not twice per turn. `tests/interceptor/test_rendering_fast_path.py` holds the fast path to the
+same text as `render_jinja_template`.
 """
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from .errors import BadRequest, ConfigError
@@ -26,7 +36,8 @@ from .templates import training_template_for
 __all__ = ["Renderer", "RendererConfig"]
 
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
-_LONG_TEXT_CHARS = 64 * 1024  # longer texts are tokenized through the batch path, which releases the GIL
+_LONG_TEXT_CHARS = 16 * 1024  # longer texts are encoded as chunks in one batch call, which releases the GIL
+_TOJSON_MEMO = 4096  # values whose JSON the template's tojson remembers (the tools of the live rollouts)
 
 
 def _model_vocab_size(model_dir: Path) -> int:
@@ -72,6 +83,9 @@ class Renderer:
         # Ids the model may sample: its embedding can be larger than the tokenizer (padded vocabularies).
         self.vocab_size: int = max(len(tokenizer), _model_vocab_size(Path(config.model_dir)))
         self._single_ids: dict[str, int | None] = {}
+        self._compiled = _fast_template(template)
+        # The Rust tokenizer itself: `tokenizer.encode` adds Python work around the same call
+        self._rust = getattr(tokenizer, "_tokenizer", None)
 
     def single_token_id(self, text: str) -> int | None:
         """The id of `text` when the tokenizer encodes it as one token, else None."""
@@ -84,6 +98,21 @@ class Renderer:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
+        if self._compiled is not None:
+            try:
+                return self._compiled.render(
+                    messages=chat_template_utils._alias_reasoning_fields(messages),
+                    tools=tools,
+                    documents=None,
+                    add_generation_prompt=generation_prompt,
+                    **self._special_kwargs,
+                )
+            except Exception as exc:  # raise_exception in the template, or a type error on odd input
+                raise BadRequest(f"the chat template rejected these messages: {exc}") from exc
+        return self.render_text_reference(messages, tools, generation_prompt=generation_prompt)
+
+    def render_text_reference(self, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
+        """The text as transformers' `render_jinja_template` renders it (the fast path's reference)."""
         try:
             rendered, _ = render_jinja_template(
                 conversations=[messages],
@@ -97,10 +126,18 @@ class Renderer:
         return rendered[0]
 
     def encode(self, text: str) -> list[int]:
-        if len(text) > _LONG_TEXT_CHARS:
-            # The batch path of a fast tokenizer releases the GIL while it works; `encode` holds it.
-            return self.tokenizer([text], add_special_tokens=False)["input_ids"][0]
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        rust = self._rust
+        if rust is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if len(text) <= _LONG_TEXT_CHARS:
+            return rust.encode(text, add_special_tokens=False).ids
+        # One batch call releases the GIL and encodes the chunks on the tokenizer's threads; cut right after a
+        # special token, the chunks give the ids the whole text gives (special tokens are split off before BPE).
+        chunks = _after_each(text, self.end_of_turn_text)
+        ids: list[int] = []
+        for encoding in rust.encode_batch(chunks, add_special_tokens=False):
+            ids.extend(encoding.ids)
+        return ids
 
     def render_full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, generation_prompt=True))
@@ -129,3 +166,48 @@ class Renderer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _after_each(text: str, marker: str) -> list[str]:
+    """`text` cut right after each occurrence of `marker` (the pieces join back to `text`)."""
+    pieces, start = [], 0
+    while (end := text.find(marker, start)) >= 0:
+        end += len(marker)
+        pieces.append(text[start:end])
+        start = end
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+def _fast_template(template: str):
+    """Transformers' compiled template in an overlay environment whose `tojson` is memoised, or None when this
+    transformers lacks the pieces (then `render_jinja_template` is used)."""
+    compile_ = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if compile_ is None or not hasattr(chat_template_utils, "_alias_reasoning_fields"):
+        return None
+    environment = compile_(template).environment.overlay()
+    environment.filters = {**environment.filters, "tojson": _MemoJson(environment.filters["tojson"])}
+    return environment.from_string(template)
+
+
+class _MemoJson:
+    """A `tojson` filter that remembers the JSON of dicts and lists by identity, holding each value so that its
+    id stays its own. Values here are never mutated: parsed once, normalised into new objects."""
+
+    def __init__(self, tojson) -> None:
+        self._tojson = tojson
+        self._memo: OrderedDict[tuple, tuple[object, str]] = OrderedDict()
+
+    def __call__(self, value, *args, **kwargs) -> str:
+        if not isinstance(value, (dict, list)):
+            return self._tojson(value, *args, **kwargs)
+        key = (id(value), args, tuple(sorted(kwargs.items())))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        text = self._tojson(value, *args, **kwargs)
+        self._memo[key] = (value, text)
+        if len(self._memo) > _TOJSON_MEMO:
+            self._memo.popitem(last=False)
+        return text
