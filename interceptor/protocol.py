@@ -17,14 +17,14 @@ Messages are normalised once, here, into the plain dicts a chat template expects
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
 from .errors import BadRequest
 
 __all__ = [
-    "ChatRequest", "ensure_serialisable", "normalize_messages", "number_field", "parse_chat_request", "parse_json_body",
+    "ChatRequest", "continue_chat_request", "ensure_serialisable", "normalize_messages", "number_field", "parse_chat_request", "parse_json_body",
     "positive_int", "typed_field",
 ]
 
@@ -134,6 +134,14 @@ def parse_chat_request(body: dict, *, relayed: bool = False) -> ChatRequest:
         top_logprobs=top_logprobs,
         ignored=() if relayed else tuple(sorted(k for k in body if k not in _INERT_FIELDS and k not in _NEUTRAL)),
     )
+
+
+def continue_chat_request(previous: ChatRequest, body: dict, reused: int) -> ChatRequest:
+    """The request in `body`, whose fields other than `messages`, and whose first `reused` messages, are byte for
+    byte those of the body `previous` was parsed from (`body_cache.py`): only the new messages are read."""
+    messages = body["messages"]
+    added = [_normalize_message(m, i) for i, m in enumerate(messages[reused:], start=reused)]
+    return replace(previous, messages=previous.messages[:reused] + added)
 
 
 def _refuse_what_the_policy_cannot_honour(body: dict) -> None:

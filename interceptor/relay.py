@@ -68,21 +68,22 @@ async def relay_turn(
     request: web.Request,
     upstream: UpstreamClient,
     rollout: Rollout,
+    raw: bytes,
     body: dict,
     chat: ChatRequest,
     *,
     shape: RelayShape,
     journal: Journal | None,
 ) -> web.StreamResponse:
-    if upstream.config.model:
-        body = {**body, "model": upstream.config.model}
+    """Relay `raw` (the agent's body, parsed as `body`) as it came, or re-serialised with the configured model."""
+    data = orjson.dumps({**body, "model": upstream.config.model}) if upstream.config.model else raw
     keys = [message_key(m) for m in chat.messages]
     known = _common_prefix(rollout.last_messages_keys, keys)
     rollout.last_messages_keys = keys
     entry: dict = rollout.scrub({"new_messages": chat.messages[known:], "known_messages": known})
     rollout.trace.append(entry)
     try:
-        return await _relay(request, upstream, rollout, body, chat, entry, shape)
+        return await _relay(request, upstream, rollout, data, chat, entry, shape)
     except UpstreamError as exc:
         _failed(rollout, exc.status, exc.message)
         raise
@@ -95,13 +96,13 @@ async def _relay(
     request: web.Request,
     upstream: UpstreamClient,
     rollout: Rollout,
-    body: dict,
+    data: bytes,
     chat: ChatRequest,
     entry: dict,
     shape: RelayShape,
 ) -> web.StreamResponse:
     async with upstream.relay(
-        shape.path, orjson.dumps(body), extra_headers=shape.headers(request), key_header=shape.key_header
+        shape.path, data, extra_headers=shape.headers(request), key_header=shape.key_header
     ) as resp:
         entry["status"] = resp.status
         if resp.status < 400:

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from .body_cache import BodyCache
 from .config import SamplingSettings
 from .errors import Conflict, NotFound, Unauthorized
 from .records import Failure, RolloutRecord, RolloutStatus
@@ -106,8 +107,15 @@ class Rollout:
     finishing: bool = False  # its record is being written: it takes no more requests
     ignored_noted: set = field(default_factory=set)  # unknown request fields already noted in the events
     last_messages_keys: list[tuple] = field(default_factory=list)  # black_box trace: what the last call sent
+    body_caches: dict[str, BodyCache] = field(default_factory=dict, repr=False)  # per dialect: recent bodies
     last_activity: float = field(default_factory=time.monotonic)  # for idle watchdogs: the last authorised request
     in_flight: int = 0  # chat calls being answered now (a slow CPU generation is not an idle agent)
+
+    def body_cache(self, dialect: str, history_key: str) -> BodyCache:
+        cache = self.body_caches.get(dialect)
+        if cache is None:
+            cache = self.body_caches[dialect] = BodyCache(history_key)
+        return cache
 
     def attempts_for(self, fingerprint: int, new_budget, *, sdk_retry: bool) -> Attempts:
         """The tries of the turn this request belongs to: the earlier ones' when it retries them, else a new

@@ -27,9 +27,11 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
+import orjson
 from aiohttp import web
 
 from .admin import add_admin_routes
+from .body_cache import BodyCache, ParsedBody
 from .config import SamplingSettings, ServerConfig
 from .dialects import Dialect, error_for
 from .dialects.chat import CHAT
@@ -305,18 +307,21 @@ class InterceptionServer:
         raw = await request.read()
         heavy = len(raw) > HEAVY_REQUEST_BYTES  # its work goes to a worker thread, so other rollouts go on
         relayed = self.policy is None
-        if len(raw) > PARSE_OFF_LOOP_BYTES:
-            body, chat = await asyncio.to_thread(_parse, dialect, raw, relayed)
+        cache = rollout.body_cache(dialect.name, dialect.history_key)
+        if len(raw) > PARSE_OFF_LOOP_BYTES and not cache.extends_recent(raw):
+            parsed, chat = await asyncio.to_thread(_parse, dialect, cache, raw, relayed)
         else:
-            body, chat = _parse(dialect, raw, relayed)
+            parsed, chat = _parse(dialect, cache, raw, relayed)
+        cache.keep(parsed, chat)
+        body = parsed.body
         if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
             rollout.ignored_noted.update(chat.ignored)
             rollout.note("ignored_request_fields", fields=list(chat.ignored))
         if relayed:
             ensure_serialisable(body, "body")  # relayed as JSON: it must serialise
-            return await relay_turn(request, self._upstream, rollout, body, chat, shape=relay_shape_for(dialect.name),
+            return await relay_turn(request, self._upstream, rollout, raw, body, chat, shape=relay_shape_for(dialect.name),
                                     journal=self._journal)  # fmt: skip
-        attempts_key = hash(raw)  # SDK retries resend the same bytes
+        attempts_key = parsed.fingerprint  # SDK retries resend the same bytes
         turn = run_turn(self.policy, rollout, chat, fingerprint=attempts_key, sdk_retry=_sdk_retry(request),
                         heavy=heavy)
 
@@ -368,11 +373,19 @@ class InterceptionServer:
         return json_response(answer)
 
 
-def _parse(dialect: Dialect, raw: bytes, relayed: bool) -> tuple[dict, ChatRequest]:
-    body = parse_json_body(raw)
-    # black_box (relayed): the upstream honours the options; only what the trace reads (messages, tools, stream) is
-    # checked
-    return body, dialect.parse(body, relayed=relayed)
+def _parse(dialect: Dialect, cache: BodyCache, raw: bytes, relayed: bool) -> tuple[ParsedBody, ChatRequest]:
+    """The body read through the rollout's cache (only what follows the history it shares with a recent body is
+    parsed), and the dialect's request. black_box (relayed): the upstream honours the options; only what the trace
+    reads (messages, tools, stream) is checked."""
+    try:
+        parsed = cache.read(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(parsed.body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    previous = parsed.previous
+    continues = (previous, parsed.reused) if parsed.same_rest and parsed.reused and isinstance(previous, ChatRequest) else None
+    return parsed, dialect.parse(parsed.body, relayed=relayed, continues=continues)
 
 
 def _sdk_retry(request: web.Request) -> bool:

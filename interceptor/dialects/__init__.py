@@ -39,14 +39,17 @@ class StreamShape(Protocol):
 class Dialect(Protocol):
     name: str
     path: str  # the endpoint under /rollout/<id>/v1/
+    history_key: str  # the body's field that holds the conversation (what `body_cache.py` reads incrementally)
 
     def authorization(self, request: web.Request) -> str | None:
         """The credential as `Bearer <secret>`, from whichever header this dialect's clients send."""
         ...
 
-    def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+    def parse(self, body: dict, *, relayed: bool = False, continues: tuple[ChatRequest, int] | None = None) -> ChatRequest:
         """The request as the gate's ChatRequest; `relayed` (black_box): only what the trace reads is checked, the
-        upstream honours or refuses the rest."""
+        upstream honours or refuses the rest. `continues` (the request of an earlier body, and how many leading
+        history elements this body shares with it, every other field being the same) lets a dialect read only the
+        new elements; a dialect may ignore it."""
         ...
 
     def reply(self, result: TurnResult, chat: ChatRequest, *, model: str) -> dict: ...

@@ -14,7 +14,7 @@ from dataclasses import replace
 from aiohttp import web
 
 from ..errors import ApiError, error_body
-from ..protocol import ChatRequest, parse_chat_request
+from ..protocol import ChatRequest, continue_chat_request, parse_chat_request
 from ..replies import SSE_DONE, Usage, chat_chunks, chat_completion, encode_sse, new_completion_id
 from ..rollouts import TurnResult
 
@@ -59,11 +59,14 @@ class _ChatStream:
 class ChatDialect:
     name = "chat"
     path = "chat/completions"
+    history_key = "messages"
 
     def authorization(self, request: web.Request) -> str | None:
         return request.headers.get("Authorization")
 
-    def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+    def parse(self, body: dict, *, relayed: bool = False, continues: tuple[ChatRequest, int] | None = None) -> ChatRequest:
+        if continues is not None:  # one message per history element: the earlier ones are already normalised
+            return continue_chat_request(continues[0], body, continues[1])
         chat = parse_chat_request(body, relayed=relayed)
         if chat.request_kind is None and _asks_for_compaction(chat):
             chat = replace(chat, request_kind="compaction")

@@ -66,6 +66,7 @@ def _sse(event: str, data: dict) -> bytes:
 class MessagesDialect:
     name = "messages"
     path = "messages"
+    history_key = "messages"
 
     def authorization(self, request: web.Request) -> str | None:
         key = request.headers.get("x-api-key")
@@ -73,7 +74,7 @@ class MessagesDialect:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+    def parse(self, body: dict, *, relayed: bool = False, continues: tuple[ChatRequest, int] | None = None) -> ChatRequest:
         """The request, typed. `relayed` (black_box): the upstream honours the options (stop_sequences, any
         tool_choice, server tools, ...), so only what the trace reads (messages, tools, stream) is checked."""
         if relayed:

@@ -73,13 +73,14 @@ def _new_id(prefix: str) -> str:
 class ResponsesDialect:
     name = "responses"
     path = "responses"
+    history_key = "input"
 
     def authorization(self, request: web.Request) -> str | None:
         return request.headers.get("Authorization")
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def parse(self, body: dict, *, relayed: bool = False) -> ChatRequest:
+    def parse(self, body: dict, *, relayed: bool = False, continues: tuple[ChatRequest, int] | None = None) -> ChatRequest:
         """`relayed` (black_box): the upstream honours every option; only what the trace reads is checked."""
         for key in () if relayed else _STATELESS:
             if body.get(key) is not None:
