@@ -7,8 +7,8 @@
 The agent's answer is derived from the sampled token ids only. A turn is all or nothing: the upstream's reply is
 validated before anything is recorded, and a failed generation records nothing (the branch stays as it was) and
 marks the rollout with an upstream failure; it never turns into a reward. Planning and committing hold the
-rollout's lock; a large request is planned in a worker thread so that rendering and tokenizing it never stalls
-the other rollouts.
+rollout's lock. A fork's full render is shared by every rollout that sends the same conversation (a GRPO group's
+first turns: `shared_renders.py`), and a large one runs in a worker thread so that it never stalls the others.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .replies import assistant_message, finish_reason_for, new_tool_call_id, tok
 from .records import Generation
 from .rendering import Renderer
 from .rollouts import Rollout, TurnResult
+from .shared_renders import SharedRenders
 from .trajectory import TurnPlan
 from .upstream import UpstreamClient
 
@@ -31,7 +32,7 @@ __all__ = ["HEAVY_REQUEST_BYTES", "PARSE_OFF_LOOP_BYTES", "Policy", "run_turn"]
 
 # A request larger than this that forks (renders the whole conversation) is rendered in a worker thread; one
 # larger than PARSE_OFF_LOOP_BYTES is also parsed there. Extending a branch renders only the new messages.
-HEAVY_REQUEST_BYTES = 64 * 1024
+HEAVY_REQUEST_BYTES = 16 * 1024
 PARSE_OFF_LOOP_BYTES = 1024 * 1024
 
 JournalTurn = Callable[[Rollout, dict, dict], None]  # (rollout, branch delta, trace entry)
@@ -49,9 +50,11 @@ class Policy:
     version: int = 0  # stamped on every turn; the trainer bumps it after a weight update
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # cleared while weights change
     journal_turn: JournalTurn | None = None
+    renders: SharedRenders = field(init=False)
 
     def __post_init__(self) -> None:
         self.ready.set()
+        self.renders = SharedRenders(self.renderer)
 
 
 def _sampling(rollout: Rollout, request: ChatRequest, *, max_tokens: int) -> dict:
@@ -93,6 +96,7 @@ async def run_turn(
         generation = await policy.upstream.complete(
             model=policy.upstream_model,
             prompt_ids=plan.prompt_ids,
+            prompt_json=plan.prompt_json,
             sampling=sampling,
             vocab_size=policy.renderer.vocab_size,
             top_logprobs=request.top_logprobs,
@@ -122,10 +126,7 @@ async def _plan(policy: Policy, rollout: Rollout, request: ChatRequest, *, heavy
             rollout.note("side_request", request_kind=request.request_kind, extended=plan is not None)
             reason = f"{request.request_kind} request" + (f" ({reason})" if reason else "")
         if plan is None:
-            render = policy.renderer.render_full
-            prompt = await asyncio.to_thread(render, request.messages, request.tools) if heavy else render(
-                request.messages, request.tools
-            )
+            prompt = await policy.renders.render_full(request.messages, request.tools, request.tools_key, off_loop=heavy)
             plan = trajectory.fork(request.messages, request.tools_key, prompt, reason=reason)
     return plan
 

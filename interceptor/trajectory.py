@@ -13,7 +13,9 @@ A rollout's trajectory is a set of branches; each branch becomes one training sa
 
 Sampled ids are appended with mask 1 and the upstream's logprobs; everything else has mask 0 and logprob 0.0. So
 every sample is a sequence the policy actually conditioned on, never a splice. Token storage is compact (`array`
-and `bytearray`: 9 bytes per token) because idle rollouts hold it in memory until they finish.
+and `bytearray`: 9 bytes per token) because idle rollouts hold it in memory until they finish. Each branch also
+keeps its ids as JSON text, extended per turn, so that the upstream request is built from those bytes plus the
+suffix's instead of serialising the whole prompt every turn.
 
 All methods are synchronous: on one event loop, `plan` and `commit` never interleave.
 """
@@ -50,6 +52,11 @@ class BranchRecord:
     turns: list[TurnRecord] = field(default_factory=list)
 
 
+def _json_ids(ids: list[int]) -> bytes:
+    """Ids as the inside of a JSON array: b"1,2,3"."""
+    return orjson.dumps(ids)[1:-1]
+
+
 @dataclass(eq=False)
 class _Branch(BranchRecord):
     messages: list[dict] = field(default_factory=list)  # the conversation covered, through its last assistant turn
@@ -59,6 +66,19 @@ class _Branch(BranchRecord):
     open_turn: bool = False  # the last turn ended without an end-of-turn token (cut by length)
     busy: bool = False
     journaled: bool = False  # its first commit (which says where it came from) has been handed out
+    ids_json: bytearray = field(default_factory=bytearray)  # `ids` as the inside of a JSON array
+
+    def prompt_json(self, suffix: list[int]) -> bytes:
+        """The JSON array of the recorded ids followed by `suffix`."""
+        tail = _json_ids(suffix)
+        comma = b"," if self.ids_json and tail else b""
+        return b"".join((b"[", self.ids_json, comma, tail, b"]"))
+
+    def record_json(self, ids: list[int]) -> None:
+        if ids:
+            if self.ids_json:
+                self.ids_json += b","
+            self.ids_json += _json_ids(ids)
 
     def copy(self, number: int, reason: str) -> _Branch:
         return _Branch(
@@ -75,6 +95,7 @@ class _Branch(BranchRecord):
             logprobs=array("f", self.logprobs),
             turns=list(self.turns),
             open_turn=self.open_turn,
+            ids_json=bytearray(self.ids_json),
         )
 
 
@@ -107,7 +128,8 @@ class TurnPlan:
     """A reserved turn: the full prompt to send upstream and where its result goes."""
 
     branch: _Branch
-    prompt_ids: np.ndarray  # int32: the whole sequence the policy will condition on (orjson serialises it in C)
+    prompt_ids: np.ndarray  # int32: the whole sequence the policy will condition on
+    prompt_json: bytes  # the same as a JSON array, built from the branch's cached JSON plus the new ids
     new_prompt_ids: list[int]  # the part of it not yet recorded (mask 0)
     request_messages: list[dict]
     forked: bool
@@ -203,6 +225,7 @@ class Trajectory:
             return TurnPlan(
                 branch=branch,
                 prompt_ids=np.concatenate([np.frombuffer(branch.ids, dtype=np.int32), np.asarray(suffix, np.int32)]),
+                prompt_json=branch.prompt_json(suffix),
                 new_prompt_ids=suffix,
                 request_messages=messages,
                 forked=forked,
@@ -225,6 +248,7 @@ class Trajectory:
         return TurnPlan(
             branch=branch,
             prompt_ids=np.asarray(prompt, dtype=np.int32),
+            prompt_json=orjson.dumps(prompt),
             new_prompt_ids=prompt,
             request_messages=messages,
             forked=True,
@@ -255,6 +279,8 @@ class Trajectory:
         branch.logprobs.extend(array("f", bytes(4 * len(plan.new_prompt_ids))))
         completion_start = len(branch.ids)
         branch.ids.extend(generation.token_ids)
+        branch.record_json(plan.new_prompt_ids)
+        branch.record_json(generation.token_ids)
         branch.mask.extend(b"\x01" * len(generation.token_ids))
         branch.logprobs.extend(generation.logprobs)
         turn = TurnRecord(

@@ -1,8 +1,9 @@
 """The client for the policy server (vLLM or the local engine) and, in black_box mode, any OpenAI-style API.
 
-One pooled aiohttp session and one request path (`_send`) with one retry policy (tenacity): connection errors,
+One pooled aiohttp session and one request path (`_send`) with one retry policy (a plain loop: a retrying object
+per call cost more than the call's own parsing): connection errors,
 resets before or in the middle of a body (aiohttp's payload errors), an aborted generation and the statuses in
-`RETRYABLE_STATUSES` are retried with jittered exponential backoff, within an `AttemptBudget`: the total number
+`RETRYABLE_STATUSES` are retried with jittered exponential backoff (full jitter), within an `AttemptBudget`: the total number
 of upstream calls one turn may cost, shared by the agent's own retries of that turn (so an SDK that retries 3
 times does not make 3 x 4 calls). What still fails is converted once, here, into the interceptor's errors:
 unreachable or failing -> 503, timed out -> 504, a reply that breaks the contract -> 502.
@@ -15,7 +16,9 @@ never a zero. URLs in messages have their credentials removed.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -24,7 +27,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from .config import UpstreamConfig
 from .errors import ContextLengthExceeded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -128,29 +130,8 @@ class UpstreamClient:
             )
         url = self.config.root + path
         headers = headers or self._headers()
-        last_failure = ""
         try:
-            async for attempt in AsyncRetrying(
-                stop=lambda _state: budget.spent,
-                wait=wait_random_exponential(multiplier=self.config.backoff_initial_s, max=self.config.backoff_max_s),
-                retry=retry_if_exception_type((_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)),
-                reraise=True,
-            ):
-                with attempt:
-                    budget.used += 1
-                    resp = await self.session.request(method, url, data=data, headers=headers)
-                    try:
-                        if resp.status in RETRYABLE_STATUSES and not (passthrough and resp.status == 429):
-                            text = (await resp.read()).decode(errors="replace")
-                            last_failure = f"{resp.status}: {text[:_ERROR_TEXT_KEPT]}"
-                            raise _Retryable(f"answered {last_failure}")
-                        if not passthrough:
-                            raw = await resp.read()  # inside the retried block: a reset mid-body is retried
-                            if resp.status >= 400:
-                                raise _client_error(resp.status, raw)
-                    except BaseException:
-                        resp.release()
-                        raise
+            resp = await self._answer_worth_keeping(method, url, data, headers, budget, passthrough)
             try:
                 yield resp
             finally:
@@ -166,8 +147,41 @@ class UpstreamClient:
         except aiohttp.ClientError as exc:  # anything else aiohttp raises: bad URL, too many redirects, ...
             raise UpstreamUnavailable(f"the request to {self._where} failed: {_describe(exc)}") from exc
 
-    async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget) -> object:
+    async def _answer_worth_keeping(
+        self, method: str, url: str, data: bytes | None, headers: dict[str, str], budget: AttemptBudget,
+        passthrough: bool,
+    ) -> aiohttp.ClientResponse:
+        """Try until a response that is not retryable or the budget is spent; wait a random time below a doubling
+        bound between tries. The body is read here (a reset in the middle of it is retried) unless `passthrough`."""
+        tries = 0
+        while True:
+            budget.used += 1
+            tries += 1
+            try:
+                resp = await self.session.request(method, url, data=data, headers=headers)
+                try:
+                    if resp.status in RETRYABLE_STATUSES and not (passthrough and resp.status == 429):
+                        text = (await resp.read()).decode(errors="replace")
+                        raise _Retryable(f"answered {resp.status}: {text[:_ERROR_TEXT_KEPT]}")
+                    if not passthrough:
+                        raw = await resp.read()
+                        if resp.status >= 400:
+                            raise _client_error(resp.status, raw)
+                except BaseException:
+                    resp.release()
+                    raise
+                return resp
+            except (_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
+                if budget.spent:
+                    raise
+            bound = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (tries - 1))
+            await asyncio.sleep(random.uniform(0, bound))
+
+    async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget, prompt_json: bytes | None = None) -> object:
+        """POST `payload` (with `prompt_json`, when given, as its `prompt`: bytes already serialised)."""
         data = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # prompt ids may be a numpy array
+        if prompt_json is not None:
+            data = b'{"prompt":' + prompt_json + (b"," + data[1:] if len(data) > 2 else b"}")
         async with self._send("POST", path, data=data, budget=budget) as resp:
             raw = await resp.read()  # already read inside the retried block: this returns it
         try:
@@ -197,10 +211,12 @@ class UpstreamClient:
         vocab_size: int,
         top_logprobs: int = 0,
         budget: AttemptBudget | None = None,
+        prompt_json: bytes | None = None,
     ) -> Generation:
+        """Generate after `prompt_ids` (sent as `prompt_json` when given: the same ids as a JSON array)."""
         payload = {
             "model": model,
-            "prompt": prompt_ids,
+            **({} if prompt_json is not None else {"prompt": prompt_ids}),
             "return_token_ids": True,
             "logprobs": top_logprobs,  # 0: the sampled token's logprob only
             **sampling,
@@ -208,7 +224,7 @@ class UpstreamClient:
         budget = budget or self.new_budget()
         while True:
             started = time.perf_counter()
-            body = await self._post_json("/v1/completions", payload, budget=budget)
+            body = await self._post_json("/v1/completions", payload, budget=budget, prompt_json=prompt_json)
             try:
                 return parse_generation(
                     body, model=model, vocab_size=vocab_size, top_logprobs=top_logprobs,

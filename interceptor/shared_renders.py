@@ -1,0 +1,77 @@
+"""Full renders (a first turn, a fork) shared by every rollout of the server.
+
+The G rollouts of a GRPO group start from the same task, so their first requests are the same conversation: one
+render and one tokenization serve them all. A render in progress is awaited by the requests that arrive meanwhile
+(never done twice), and a large one runs in a worker thread, where its tokenization (one batch call over chunks,
+`Renderer.encode`) releases the GIL, so the other rollouts go on.
+
+The key is the normalised messages and tool list as bytes (orjson, in C): equality of the whole key, not a hash of
+it, so two conversations never share ids by accident. Kept renders are bounded by their total token count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from collections import OrderedDict
+
+import orjson
+
+from .rendering import Renderer
+
+__all__ = ["SharedRenders"]
+
+
+class SharedRenders:
+    def __init__(self, renderer: Renderer, *, max_tokens: int = 4_000_000) -> None:
+        self._renderer = renderer
+        self._max_tokens = max_tokens
+        self._kept: OrderedDict[bytes, array] = OrderedDict()
+        self._kept_tokens = 0
+        self._pending: dict[bytes, asyncio.Future[array]] = {}
+        self.renders = 0  # full renders actually done (the rest were shared)
+
+    async def render_full(self, messages: list[dict], tools: list[dict] | None, tools_key: bytes, *,
+                          off_loop: bool) -> list[int]:
+        """The ids of `messages` rendered with `tools` and a generation prompt (a fresh list each call)."""
+        key = b"%d:" % len(tools_key) + tools_key + orjson.dumps(messages)
+        kept = self._kept.get(key)
+        if kept is not None:
+            self._kept.move_to_end(key)
+            return kept.tolist()
+        pending = self._pending.get(key)
+        if pending is not None:
+            return (await asyncio.shield(pending)).tolist()
+        future: asyncio.Future[array] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieve)
+        self._pending[key] = future
+        try:
+            self.renders += 1
+            render = self._renderer.render_full
+            ids = await asyncio.to_thread(render, messages, tools) if off_loop else render(messages, tools)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+            else:
+                future.cancel()
+            raise
+        finally:
+            del self._pending[key]
+        stored = array("i", ids)
+        future.set_result(stored)
+        self._keep(key, stored)
+        return ids
+
+    def _keep(self, key: bytes, ids: array) -> None:
+        if len(ids) > self._max_tokens:
+            return
+        self._kept[key] = ids
+        self._kept_tokens += len(ids)
+        while self._kept_tokens > self._max_tokens:
+            _, dropped = self._kept.popitem(last=False)
+            self._kept_tokens -= len(dropped)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a failed render that no other request waited for is not "never retrieved"
