@@ -95,7 +95,6 @@ async def run_turn(
         await policy.ready.wait()  # agents wait, they do not fail, while weights change
         generation = await policy.upstream.complete(
             model=policy.upstream_model,
-            prompt_ids=plan.prompt_ids,
             prompt_json=plan.prompt_json,
             sampling=sampling,
             vocab_size=policy.renderer.vocab_size,
@@ -134,7 +133,7 @@ async def _plan(policy: Policy, rollout: Rollout, request: ChatRequest, *, heavy
 def _checked_sampling(policy: Policy, rollout: Rollout, request: ChatRequest, plan: TurnPlan) -> dict:
     """The upstream's sampling fields, or `ContextLengthExceeded` when the prompt leaves no room."""
     wanted = rollout.sampling.max_tokens or request.max_tokens
-    prompt_len = len(plan.prompt_ids)
+    prompt_len = plan.prompt_len
     room = policy.max_model_len - prompt_len
     if wanted is not None and request.max_tokens_is_cap and room >= 1:
         wanted = min(wanted, room)
@@ -213,7 +212,7 @@ def _record(policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Genera
         {"new_messages": request.messages[known:], "response": message, "finish_reason": finish_reason}
     )
     rollout.trace.append(entry)
-    rollout.prompt_tokens += len(plan.prompt_ids)
+    rollout.prompt_tokens += plan.prompt_len
     rollout.completion_tokens += len(generation.token_ids)
     if policy.journal_turn is not None:
         policy.journal_turn(rollout, delta, entry)
@@ -224,7 +223,7 @@ def _record(policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Genera
     return TurnResult(
         message=message,
         finish_reason=finish_reason,
-        prompt_tokens=len(plan.prompt_ids),
+        prompt_tokens=plan.prompt_len,
         completion_tokens=len(generation.token_ids),
         logprobs=logprobs,
     )

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,25 +132,19 @@ class _Recovered:
         number = branch["b"]
         record = self.branches.get(number)
         if record is None:
-            record = BranchRecord(
-                number=number, tools_digest=branch["tk"], system_digest=branch["sk"], fork_reason=branch["fr"]
-            )
             origin = branch.get("o")
             if origin is not None:
-                parent, length = self.branches[origin[0]], origin[1]
-                record.ids = array("i", parent.ids[:length])
-                record.mask = bytearray(parent.mask[:length])
-                record.logprobs = array("f", parent.logprobs[:length])
-                record.turns = [t for t in parent.turns if t.completion_end <= length]
+                record = self.branches[origin[0]].copy_through(origin[1], number=number, fork_reason=branch["fr"])
+                record.tools_digest, record.system_digest = branch["tk"], branch["sk"]
+            else:
+                record = BranchRecord(
+                    number=number, tools_digest=branch["tk"], system_digest=branch["sk"], fork_reason=branch["fr"]
+                )
             self.branches[number] = record
-        prompt, sampled, logprobs = branch["p"], branch["t"], branch["l"]
-        record.ids.extend(prompt)
-        record.mask.extend(bytes(len(prompt)))
-        record.logprobs.extend(array("f", bytes(4 * len(prompt))))
-        record.ids.extend(sampled)
-        record.mask.extend(b"\x01" * len(sampled))
-        record.logprobs.extend(logprobs)
-        record.turns.append(TurnRecord(**branch["turn"]))
+        turn = record.append_turn(branch["p"], branch["t"], branch["l"],
+                                  {k: v for k, v in branch["turn"].items() if k not in _POSITIONS})
+        if turn != TurnRecord(**branch["turn"]):
+            raise ValueError(f"branch {number}: the journal's turn positions do not follow from its ids")
 
     def to_record(self, reason: str) -> RolloutRecord:
         return RolloutRecord(
@@ -170,6 +163,9 @@ class _Recovered:
             started_at=self.started_at,
             finished_at=time.time(),
         )
+
+
+_POSITIONS = ("prompt_start", "completion_start", "completion_end")
 
 
 def _lines(path: Path) -> Iterator[dict]:

@@ -12,49 +12,31 @@ A rollout's trajectory is a set of branches; each branch becomes one training sa
    branch already busy with a concurrent turn) a new branch starts from a full render.
 
 Sampled ids are appended with mask 1 and the upstream's logprobs; everything else has mask 0 and logprob 0.0. So
-every sample is a sequence the policy actually conditioned on, never a splice. Token storage is compact (`array`
-and `bytearray`: 9 bytes per token) because idle rollouts hold it in memory until they finish. Each branch also
-keeps its ids as JSON text, extended per turn, so that the upstream request is built from those bytes plus the
-suffix's instead of serialising the whole prompt every turn.
+every sample is a sequence the policy actually conditioned on, never a splice. Token storage is compact
+(`branch_record.py`: each id once, as JSON text the upstream request is built from; logprobs of sampled ids only)
+because idle rollouts hold it in memory until they finish.
 
 All methods are synchronous: on one event loop, `plan` and `commit` never interleave.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-import numpy as np
 import orjson
 
+from .branch_record import BranchRecord, build_samples
 from .records import Generation, SampleRecord, TurnRecord
 from .rendering import Renderer
 
 __all__ = ["BranchRecord", "TurnPlan", "Trajectory", "build_samples", "message_key", "tools_key"]
 
-
-@dataclass(eq=False)
-class BranchRecord:
-    """One branch's recorded tokens: what becomes a `SampleRecord`. Live branches and branches rebuilt from the
-    journal are both this, so samples are built by one function (`build_samples`)."""
-
-    number: int  # order of creation within the rollout
-    tools_digest: str  # "" when the branch's requests carry no tools
-    system_digest: str  # "" when they have no system message
-    fork_reason: str | None
-    ids: array = field(default_factory=lambda: array("i"))
-    mask: bytearray = field(default_factory=bytearray)
-    logprobs: array = field(default_factory=lambda: array("f"))
-    turns: list[TurnRecord] = field(default_factory=list)
-
-
-def _json_ids(ids: list[int]) -> bytes:
-    """Ids as the inside of a JSON array: b"1,2,3"."""
-    return orjson.dumps(ids)[1:-1]
+_TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
 
 
 @dataclass(eq=False)
@@ -66,19 +48,6 @@ class _Branch(BranchRecord):
     open_turn: bool = False  # the last turn ended without an end-of-turn token (cut by length)
     busy: bool = False
     journaled: bool = False  # its first commit (which says where it came from) has been handed out
-    ids_json: bytearray = field(default_factory=bytearray)  # `ids` as the inside of a JSON array
-
-    def prompt_json(self, suffix: list[int]) -> bytes:
-        """The JSON array of the recorded ids followed by `suffix`."""
-        tail = _json_ids(suffix)
-        comma = b"," if self.ids_json and tail else b""
-        return b"".join((b"[", self.ids_json, comma, tail, b"]"))
-
-    def record_json(self, ids: list[int]) -> None:
-        if ids:
-            if self.ids_json:
-                self.ids_json += b","
-            self.ids_json += _json_ids(ids)
 
     def copy(self, number: int, reason: str) -> _Branch:
         return _Branch(
@@ -86,16 +55,16 @@ class _Branch(BranchRecord):
             tools_digest=self.tools_digest,
             system_digest=self.system_digest,
             fork_reason=reason,
+            ids_json=bytearray(self.ids_json),
+            length=self.length,
+            sampled_logprobs=array("f", self.sampled_logprobs),
+            turns=list(self.turns),
+            turn_json_ends=list(self.turn_json_ends),
             messages=list(self.messages),
             system=self.system,
             tools_key=self.tools_key,
-            origin=(self.number, len(self.ids)),
-            ids=array("i", self.ids),
-            mask=bytearray(self.mask),
-            logprobs=array("f", self.logprobs),
-            turns=list(self.turns),
+            origin=(self.number, self.length),
             open_turn=self.open_turn,
-            ids_json=bytearray(self.ids_json),
         )
 
 
@@ -103,36 +72,20 @@ def _digest(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest() if data else ""
 
 
-def build_samples(branches: list[BranchRecord]) -> list[SampleRecord]:
-    """Samples of the branches that have turns, in creation order. A branch whose tools or system prompt differ
-    from the main one's (the first with tools) is auxiliary: a side call such as a title request."""
-    branches = [b for b in branches if b.turns]
-    primary = next((b for b in branches if b.tools_digest), branches[0] if branches else None)
-    return [
-        SampleRecord(
-            index=i,
-            input_ids=b.ids.tolist(),
-            completion_mask=list(b.mask),
-            old_logprobs=b.logprobs.tolist(),
-            turns=list(b.turns),
-            auxiliary=primary is not None
-            and (b.tools_digest != primary.tools_digest or b.system_digest != primary.system_digest),
-            fork_reason=b.fork_reason,
-        )
-        for i, b in enumerate(branches)
-    ]
-
-
 @dataclass(frozen=True, slots=True)
 class TurnPlan:
     """A reserved turn: the full prompt to send upstream and where its result goes."""
 
     branch: _Branch
-    prompt_ids: np.ndarray  # int32: the whole sequence the policy will condition on
-    prompt_json: bytes  # the same as a JSON array, built from the branch's cached JSON plus the new ids
+    prompt_json: bytes  # the whole sequence the policy will condition on, as a JSON array of ids
+    prompt_len: int  # how many ids that is
     new_prompt_ids: list[int]  # the part of it not yet recorded (mask 0)
     request_messages: list[dict]
     forked: bool
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return orjson.loads(self.prompt_json)
 
 
 def message_key(message: dict) -> tuple:
@@ -224,8 +177,8 @@ class Trajectory:
             branch.busy = True
             return TurnPlan(
                 branch=branch,
-                prompt_ids=np.concatenate([np.frombuffer(branch.ids, dtype=np.int32), np.asarray(suffix, np.int32)]),
                 prompt_json=branch.prompt_json(suffix),
+                prompt_len=branch.length + len(suffix),
                 new_prompt_ids=suffix,
                 request_messages=messages,
                 forked=forked,
@@ -247,8 +200,8 @@ class Trajectory:
         self._branches.append(branch)
         return TurnPlan(
             branch=branch,
-            prompt_ids=np.asarray(prompt, dtype=np.int32),
             prompt_json=orjson.dumps(prompt),
+            prompt_len=len(prompt),
             new_prompt_ids=prompt,
             request_messages=messages,
             forked=True,
@@ -273,33 +226,16 @@ class Trajectory:
         Returns what the journal needs to rebuild the branch (its first turn also says where it came from)."""
         branch = plan.branch
         first, branch.journaled = not branch.journaled, True
-        prompt_start = len(branch.ids)
-        branch.ids.extend(plan.new_prompt_ids)
-        branch.mask.extend(bytes(len(plan.new_prompt_ids)))
-        branch.logprobs.extend(array("f", bytes(4 * len(plan.new_prompt_ids))))
-        completion_start = len(branch.ids)
-        branch.ids.extend(generation.token_ids)
-        branch.record_json(plan.new_prompt_ids)
-        branch.record_json(generation.token_ids)
-        branch.mask.extend(b"\x01" * len(generation.token_ids))
-        branch.logprobs.extend(generation.logprobs)
-        turn = TurnRecord(
-                prompt_start=prompt_start,
-                completion_start=completion_start,
-                completion_end=len(branch.ids),
-                finish_reason=finish_reason,
-                malformed_tool_call=malformed,
-                model=generation.model,
-                policy_version=policy_version,
-                seconds=round(generation.seconds, 6),
-        )
-        branch.turns.append(turn)
+        turn = branch.append_turn(plan.new_prompt_ids, generation.token_ids, generation.logprobs, {
+            "finish_reason": finish_reason, "malformed_tool_call": malformed, "model": generation.model,
+            "policy_version": policy_version, "seconds": round(generation.seconds, 6),
+        })
         # Keep the agent's own copies: next turn it sends the same dicts again, which compare at C speed.
         branch.messages = [*plan.request_messages, returned]
         branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
         branch.busy = False
         delta = {"b": branch.number, "p": plan.new_prompt_ids, "t": generation.token_ids, "l": generation.logprobs,
-                 "turn": asdict(turn)}
+                 "turn": {name: getattr(turn, name) for name in _TURN_FIELDS}}
         if first:
             delta.update(o=branch.origin, fr=branch.fork_reason, tk=branch.tools_digest, sk=branch.system_digest)
         return delta
@@ -314,4 +250,4 @@ class Trajectory:
         return build_samples(self._branches)
 
     def recorded_tokens(self) -> int:
-        return sum(len(b.ids) for b in self._branches)
+        return sum(b.length for b in self._branches)

@@ -20,7 +20,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
@@ -179,7 +179,7 @@ class UpstreamClient:
 
     async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget, prompt_json: bytes | None = None) -> object:
         """POST `payload` (with `prompt_json`, when given, as its `prompt`: bytes already serialised)."""
-        data = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # prompt ids may be a numpy array
+        data = orjson.dumps(payload)
         if prompt_json is not None:
             data = b'{"prompt":' + prompt_json + (b"," + data[1:] if len(data) > 2 else b"}")
         async with self._send("POST", path, data=data, budget=budget) as resp:
@@ -206,17 +206,15 @@ class UpstreamClient:
         self,
         *,
         model: str,
-        prompt_ids: Sequence[int],
+        prompt_json: bytes,
         sampling: Sampling,
         vocab_size: int,
         top_logprobs: int = 0,
         budget: AttemptBudget | None = None,
-        prompt_json: bytes | None = None,
     ) -> Generation:
-        """Generate after `prompt_ids` (sent as `prompt_json` when given: the same ids as a JSON array)."""
+        """Generate after the prompt `prompt_json` (token ids, already serialised as a JSON array)."""
         payload = {
             "model": model,
-            **({} if prompt_json is not None else {"prompt": prompt_ids}),
             "return_token_ids": True,
             "logprobs": top_logprobs,  # 0: the sampled token's logprob only
             **sampling,
