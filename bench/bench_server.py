@@ -53,6 +53,12 @@ class InstantUpstream:
     async def __aexit__(self, *exc_info) -> None:
         await self._runner.cleanup()
 
+    async def reset_connections(self) -> None:
+        """Close the keep-alive connections (and the last request each holds)."""
+        for connection in list(self._runner.server.connections):
+            connection.force_close()
+        await asyncio.sleep(0.05)
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "instant", "max_model_len": self.max_model_len}]})
 
