@@ -55,6 +55,9 @@ class ChatRequest:
     # What the agent says the request is for, when it says so (Codex: "turn", "compaction"): a side request's
     # sample records it as its fork reason
     request_kind: str | None = None
+    # Where each element of the body's history ends in `messages`, for a dialect whose elements each become
+    # several messages (Messages: a user turn of tool results); lets the next body's request reuse them
+    history_ends: tuple[int, ...] = ()
 
 
 # Fields that change nothing about the answer: accepted as they come.

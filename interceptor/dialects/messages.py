@@ -77,6 +77,8 @@ class MessagesDialect:
     def parse(self, body: dict, *, relayed: bool = False, continues: tuple[ChatRequest, int] | None = None) -> ChatRequest:
         """The request, typed. `relayed` (black_box): the upstream honours the options (stop_sequences, any
         tool_choice, server tools, ...), so only what the trace reads (messages, tools, stream) is checked."""
+        if continues is not None and len(continues[0].history_ends) >= continues[1]:
+            return _continued(*continues, body)
         if relayed:
             return replace(self.parse_for_count(body, relayed=True), stream=_stream(body))
         max_tokens = body.get("max_tokens")
@@ -107,6 +109,7 @@ class MessagesDialect:
             ignored=tuple(sorted(k for k in body if k not in _INERT)),
             max_tokens_is_cap=True,
             request_kind=_request_kind(chat.messages),
+            history_ends=chat.history_ends,
         )
 
     def parse_for_count(self, body: dict, *, relayed: bool = False) -> ChatRequest:
@@ -114,11 +117,16 @@ class MessagesDialect:
         model = body.get("model", "")
         if not isinstance(model, str):
             raise BadRequest("model must be a string", param="model")
-        messages = _system(body.get("system")) + _messages(body.get("messages"))
+        system = _system(body.get("system"))
+        elements = body.get("messages")
+        if not isinstance(elements, list) or not elements:
+            raise BadRequest("messages must be a non-empty list", param="messages")
+        converted, ends = _messages(elements, start=0, offset=len(system))
+        messages = system + converted
         tools = _tools(body.get("tools"), relayed=relayed)
         ensure_serialisable(tools, "tools")
         return ChatRequest(
-            model=model, messages=messages, tools=tools,
+            model=model, messages=messages, tools=tools, history_ends=ends,
             tools_key=orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b"",
             tool_choice="auto", parallel_tool_calls=True, stream=False, include_usage=True, max_tokens=None,
             temperature=None, top_p=None, top_k=None, seed=None, logprobs=False, top_logprobs=0,
@@ -239,10 +247,20 @@ def _system(system: object) -> list[dict]:
     return [{"role": "system", "content": _text_of(system, "system")}]
 
 
+def _continued(previous: ChatRequest, reused: int, body: dict) -> ChatRequest:
+    """The request in `body`, whose fields other than `messages` and whose first `reused` history elements are byte
+    for byte those of the body `previous` was parsed from: only the new elements are converted."""
+    kept = previous.history_ends[reused - 1]
+    converted, ends = _messages(body["messages"][reused:], start=reused, offset=kept)
+    messages = previous.messages[:kept] + converted
+    return replace(previous, messages=messages, history_ends=previous.history_ends[:reused] + ends,
+                   request_kind=_request_kind(messages))  # fmt: skip
+
+
 def _request_kind(messages: list[dict]) -> str | None:
     """"compaction" when the last user message asks for Claude Code's summary of the conversation."""
-    users = [m for m in messages if m["role"] == "user"]
-    return "compaction" if users and _COMPACTION_ASK in users[-1]["content"] else None
+    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    return "compaction" if last_user is not None and _COMPACTION_ASK in last_user["content"] else None
 
 
 def _text_of(content: object, param: str) -> str:
@@ -259,17 +277,19 @@ def _text_of(content: object, param: str) -> str:
     raise BadRequest(f"{param} must be a string or a list of text blocks", param=param)
 
 
-def _messages(messages: object) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list", param="messages")
+def _messages(messages: list, *, start: int, offset: int) -> tuple[list[dict], tuple[int, ...]]:
+    """The history elements `messages` (numbered from `start`) as chat messages, and where each element's end in
+    a list that already holds `offset` messages."""
     out: list[dict] = []
-    for i, message in enumerate(messages):
+    ends: list[int] = []
+    for i, message in enumerate(messages, start=start):
         param = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
             raise BadRequest(f"{param} must be an object with role 'user', 'assistant' or 'system'", param=param)
         content = message.get("content")
         if message["role"] == "system":  # Claude Code sends its environment notes as a system message mid-list
             out.append({"role": "system", "content": _text_of(content, f"{param}.content")})
+            ends.append(offset + len(out))
             continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
@@ -278,7 +298,8 @@ def _messages(messages: object) -> list[dict]:
             out += _user(blocks, param)
         else:
             out.append(_assistant(blocks, param))
-    return out
+        ends.append(offset + len(out))
+    return out, tuple(ends)
 
 
 def _user(blocks: list, param: str) -> list[dict]:

@@ -1,0 +1,103 @@
+"""A request read incrementally (only the history elements after those it shares with a recent body) is the very
+request a whole parse gives, for every dialect, along conversations the way agents grow them: chat tool loops,
+Claude Code's Messages turns with a moving `cache_control` marker and mid-list system notes, Codex's Responses
+items, compaction requests and rewritten histories."""
+
+from __future__ import annotations
+
+import copy
+
+import orjson
+import pytest
+
+from interceptor.body_cache import BodyCache
+from interceptor.dialects.chat import CHAT
+from interceptor.dialects.messages import MESSAGES
+from interceptor.dialects.responses import RESPONSES
+from interceptor.errors import BadRequest
+from interceptor.server import _parse
+
+CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+ANTHROPIC_TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+
+
+def chat_bodies() -> list[dict]:
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}]
+    bodies = []
+    for turn in range(5):
+        bodies.append({"model": "m", "messages": copy.deepcopy(messages), "tools": CHAT_TOOLS, "stream": True})
+        call = {"id": f"c{turn}", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{turn}", "content": [{"type": "text", "text": f"out {turn}"}]}]
+    summary = [{"role": "system", "content": "You are a context summarization assistant."},
+               {"role": "user", "content": "Summarise."}]
+    bodies.append({"model": "m", "messages": summary})  # a compaction request, then the resumed history
+    bodies.append({"model": "m", "messages": messages[:2] + [{"role": "user", "content": "summary"}], "tools": CHAT_TOOLS})
+    return bodies
+
+
+def messages_bodies() -> list[dict]:
+    history: list[dict] = [{"role": "user", "content": [{"type": "text", "text": "Fix the bug."}]}]
+    bodies = []
+    for turn in range(5):
+        marked = copy.deepcopy(history)
+        last = next(m for m in reversed(marked) if isinstance(m["content"], list))
+        last["content"][-1]["cache_control"] = {"type": "ephemeral"}  # Claude Code marks the last block
+        bodies.append({"model": "claude", "max_tokens": 512, "stream": True, "tools": ANTHROPIC_TOOLS,
+                       "system": [{"type": "text", "text": "You are Claude Code."}], "messages": marked})
+        history += [{"role": "assistant", "content": [{"type": "text", "text": "Running."},
+                                                      {"type": "tool_use", "id": f"t{turn}", "name": "Bash",
+                                                       "input": {"command": "ls"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{turn}",
+                                                  "content": f"out {turn}"}, {"type": "text", "text": "go on"}]}]
+        if turn == 2:
+            history.append({"role": "system", "content": "Environment: the date changed."})
+    return bodies
+
+
+def responses_bodies() -> list[dict]:
+    items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix it."}]}]
+    bodies = []
+    for turn in range(4):
+        bodies.append({"model": "gpt", "instructions": "You are Codex.", "input": copy.deepcopy(items),
+                       "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}],
+                       "stream": True, "store": False})
+        items += [{"type": "function_call", "call_id": f"k{turn}", "name": "exec_command", "arguments": '{"cmd": "ls"}'},
+                  {"type": "function_call_output", "call_id": f"k{turn}", "output": f"out {turn}"}]
+    return bodies
+
+
+@pytest.mark.parametrize("dialect, bodies", [(CHAT, chat_bodies()), (MESSAGES, messages_bodies()),
+                                             (RESPONSES, responses_bodies())], ids=["chat", "messages", "responses"])
+@pytest.mark.parametrize("relayed", [False, True], ids=["gate", "black_box"])
+def test_an_incremental_read_is_the_request_a_whole_parse_gives(dialect, bodies, relayed):
+    cache = BodyCache(dialect.history_key)
+    reused_some = False
+    for body in bodies:
+        raw = orjson.dumps(body)
+        parsed, chat = _parse(dialect, cache, raw, relayed)
+        cache.keep(parsed, chat)
+        assert chat == dialect.parse(orjson.loads(raw), relayed=relayed)
+        reused_some |= parsed.reused > 0
+    assert reused_some
+
+
+def test_messages_elements_are_reused_up_to_the_block_whose_cache_control_moved():
+    cache = BodyCache("messages")
+    first, second = messages_bodies()[1:3]
+    cache.keep(*_parse(MESSAGES, cache, orjson.dumps(first), False))
+    parsed, _ = _parse(MESSAGES, cache, orjson.dumps(second), False)
+    assert parsed.reused == len(first["messages"]) - 1  # the last element lost its marker: read again
+
+
+def test_a_bad_new_message_is_a_400_naming_its_index_and_the_cache_keeps_the_last_good_body():
+    cache = BodyCache("messages")
+    body = chat_bodies()[2]
+    cache.keep(*_parse(CHAT, cache, orjson.dumps(body), False))
+    bad = {**body, "messages": body["messages"] + [{"role": "wizard", "content": "x"}]}
+    with pytest.raises(BadRequest) as error:
+        _parse(CHAT, cache, orjson.dumps(bad), False)
+    assert f"messages[{len(body['messages'])}]" in error.value.message
+    good = {**body, "messages": body["messages"] + [{"role": "user", "content": "fine"}]}
+    parsed, chat = _parse(CHAT, cache, orjson.dumps(good), False)
+    assert parsed.reused == len(body["messages"]) and chat == CHAT.parse(good)
