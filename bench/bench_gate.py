@@ -1,0 +1,381 @@
+"""Latency each proxy adds per chat turn, and its throughput, from a separate load generator, in one interleaved run.
+
+    scripts/setup-bench.sh              # once: verifiers in bench/.venv-peers, LiteLLM in bench/.venv-litellm
+    python bench/bench_gate.py [--turns 200] [--rollouts 64,256,1000] [--seconds 6] [--steps ...] [--json OUT]
+
+Processes (each its own, started here, stopped at the end): an instant fake upstream (bench/peers/fake_upstream.py),
+Interceptor in `interception_gate` (recording, as in training) and in `black_box`, verifiers' interception server
+(bench/peers/verifiers_server.py) and LiteLLM's proxy (bench/peers/litellm_server.py), the peers where installed.
+This process is only the load generator (aiohttp). Targets: `direct` (chat completions straight to the fake
+upstream), `direct_tokens` (its `/v1/completions` with as many prompt ids as the gate's last prompt: what the gate
+itself sends upstream), `gate`, `black_box`, `verifiers`, `litellm`.
+
+Every turn is a tool-loop turn as agents send it: the whole history, 10 tools, and the model's answer is a tool call
+whose result the agent appends. Every target gets the same conversation, and every measure runs the targets round
+robin, turn by turn (the order rotating each round), so machine noise hits them alike.
+- latency: rollouts grown to ~1k and ~32k tokens of history, then steady turns (fresh rollouts every `--segment`
+  turns, so the history stays near its size); p50/p99, and added ms = target - its own direct call in the same round
+  (gate - direct_tokens, the others - direct), and the ratios of the added ms to verifiers'.
+- flatness: one rollout per target, `--flat-turns` turns of ~130 tokens each; the median of turns 1-8 vs the last 8.
+- throughput: N concurrent rollouts of up to 16 turns each (then a fresh one), for `--seconds` per target, split in
+  `--slices` slices taken in turn; turns/s and the ratio to verifiers.
+- first turn: a fresh rollout whose first request carries ~32k tokens, while a steady rollout (~1k history, 10 ms of
+  "tool time" between turns) runs; the big turn's latency, and the steady p99 while it ran vs just before.
+The fake upstream answers at once: these figures measure the proxies, not a model. All processes share the machine's
+cores (2 here), so a busy proxy also slows the load generator: compare ratios within a run, not across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers.agent import TOKENS_PER_LINE, Conversation, chat_turn, open_conversation, tokens_turn  # noqa: E402
+from peers.launch import Target, start_targets  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_PYTHON = ROOT / "bench" / ".venv-peers" / "bin" / "python"  # verifiers (scripts/setup-bench.sh)
+LITELLM_PYTHON = ROOT / "bench" / ".venv-litellm" / "bin" / "python"  # apart: its pins conflict with verifiers'
+MODEL_CACHE = Path.home() / ".cache" / "interceptor" / "bench-tiny-real-vocab"
+ROLLOUT_TURNS = 16  # throughput: a rollout's length before a fresh one replaces it
+STEADY_TOOL_S = 0.01  # first turn: the steady rollout's tool time between turns
+
+
+def rotated(items: Sequence, by: int) -> list:
+    return [items[(by + i) % len(items)] for i in range(len(items))]
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ------------------------------------------------------------------------------------------------ latency
+
+
+@dataclass
+class Samples:
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    history: list[int] = field(default_factory=list)
+
+    def add(self, name: str, value: float) -> None:
+        self.seconds.setdefault(name, []).append(value)
+
+
+async def grow(http: aiohttp.ClientSession, convos: list[Conversation], history_tokens: int) -> None:
+    """Append big tool results, the same to every conversation, until the history is about `history_tokens`:
+    as the gate counts it when the gate is among them (its count is exact), else as the first target estimates."""
+    measure = _measure(convos)
+    lines = 1
+    while True:
+        for convo in convos:
+            await chat_turn(http, convo, lines)
+        missing = history_tokens - measure.prompt_tokens - lines * TOKENS_PER_LINE
+        if missing <= 0:
+            return
+        lines = max(1, min(4000, missing) // TOKENS_PER_LINE)
+
+
+async def timed_round(http: aiohttp.ClientSession, convos: list[Conversation], upstream: str, by: int,
+                      result_lines: int, samples: Samples) -> None:
+    """One turn of every conversation, and the gate's own upstream call (`direct_tokens`, as long as the gate's
+    last prompt), in an order rotated by `by`."""
+    gate = next((c for c in convos if c.target.name == "gate"), None)
+    order: list[Conversation | None] = [*convos, None] if gate is not None else list(convos)
+    for convo in rotated(order, by):
+        if convo is None:
+            assert gate is not None
+            samples.add("direct_tokens", await tokens_turn(http, upstream, max(1, gate.prompt_tokens)))
+        else:
+            samples.add(convo.target.name, await chat_turn(http, convo, result_lines))
+    samples.history.append(_measure(convos).prompt_tokens)
+
+
+def _measure(convos: list[Conversation]) -> Conversation:
+    """Whose prompt-token count stands for all: the gate's (exact), else the first target's (an estimate)."""
+    return next((c for c in convos if c.target.name == "gate"), convos[0])
+
+
+def _base(name: str) -> str:
+    """The direct call a target's added latency is taken against: what it sends upstream itself."""
+    return "direct_tokens" if name == "gate" else "direct"
+
+
+async def latency(http: aiohttp.ClientSession, targets: list[Target], upstream: str, args: argparse.Namespace,
+                  history_tokens: int) -> Samples:
+    samples = Samples()
+    done = 0
+    while done < args.turns:
+        convos = [await open_conversation(http, target) for target in targets]
+        await grow(http, convos, history_tokens)
+        for _ in range(min(args.segment, args.turns - done)):
+            await timed_round(http, convos, upstream, done, 1, samples)
+            done += 1
+        for convo in convos:
+            await convo.target.close(http, convo.endpoint)
+    return samples
+
+
+def latency_figures(samples: Samples) -> dict:
+    figures: dict = {"history_tokens": [min(samples.history, default=0), max(samples.history, default=0)]}
+    for name, values in samples.seconds.items():
+        base = samples.seconds[_base(name)] if _base(name) in samples.seconds else []
+        row = {"p50_ms": pct(values, 0.5) * 1e3, "p99_ms": pct(values, 0.99) * 1e3}
+        if name not in ("direct", "direct_tokens") and base:
+            added = [t - d for t, d in zip(values, base)]  # paired: the same round
+            row |= {"added_p50_ms": pct(added, 0.5) * 1e3, "added_p99_ms": pct(added, 0.99) * 1e3}
+        figures[name] = row
+    for name in ("gate", "black_box"):
+        ours, theirs = figures.get(name, {}), figures.get("verifiers", {})
+        for q in ("p50", "p99"):
+            if f"added_{q}_ms" in ours and theirs.get(f"added_{q}_ms", 0) > 0:
+                figures[name][f"{q}_vs_verifiers"] = ours[f"added_{q}_ms"] / theirs[f"added_{q}_ms"]
+    return figures
+
+
+# ------------------------------------------------------------------------------------------------ flatness
+
+
+async def flatness(http: aiohttp.ClientSession, targets: list[Target], upstream: str, turns: int) -> dict:
+    """One long tool loop per target; the median of its first 8 turns vs its last 8."""
+    convos = [await open_conversation(http, target) for target in targets]
+    samples = Samples()
+    for turn in range(turns):
+        await timed_round(http, convos, upstream, turn, 6, samples)
+    for convo in convos:
+        await convo.target.close(http, convo.endpoint)
+    ends = {name: (statistics.median(values[:8]), statistics.median(values[-8:]))
+            for name, values in samples.seconds.items()}
+    figures: dict = {"history_tokens": [min(samples.history, default=0), max(samples.history, default=0)]}
+    for name, (first, last) in ends.items():
+        row = {"first_ms": first * 1e3, "last_ms": last * 1e3, "ratio": last / first}
+        if name not in ("direct", "direct_tokens") and _base(name) in ends:
+            base_first, base_last = ends[_base(name)]
+            row["added_ratio"] = (last - base_last) / (first - base_first)  # the proxy's own part, end vs start
+        figures[name] = row
+    return figures
+
+
+# ------------------------------------------------------------------------------------------------ throughput
+
+
+async def open_pool(http: aiohttp.ClientSession, target: Target, rollouts: int) -> list[Conversation]:
+    """`rollouts` conversations, opened concurrently before the clock starts (a trainer opens its batch up front)."""
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(open_conversation(http, target, task_lines=20)) for _ in range(rollouts)]
+    return [task.result() for task in tasks]
+
+
+async def throughput(http: aiohttp.ClientSession, targets: list[Target], rollouts: int, seconds: float,
+                     slices: int) -> dict:
+    pools = {target.name: await open_pool(http, target, rollouts) for target in targets}
+    turns = {t.name: 0 for t in targets}
+    spent = {t.name: 0.0 for t in targets}
+
+    async def drive(target: Target, pool: list[Conversation], index: int, deadline: float) -> None:
+        while time.perf_counter() < deadline:
+            if pool[index].turns >= ROLLOUT_TURNS:  # finished: a fresh rollout takes its place, on the clock
+                await target.close(http, pool[index].endpoint)
+                pool[index] = await open_conversation(http, target, task_lines=20)
+            await chat_turn(http, pool[index], 4)
+            turns[target.name] += 1
+
+    for slice_index in range(slices):
+        for target in rotated(targets, slice_index):
+            started = time.perf_counter()
+            deadline = started + seconds / slices
+            async with asyncio.TaskGroup() as group:
+                for index in range(rollouts):
+                    group.create_task(drive(target, pools[target.name], index, deadline))
+            spent[target.name] += time.perf_counter() - started
+    for target in targets:
+        async with asyncio.TaskGroup() as group:  # the gate writes (and fsyncs) each record: not one at a time
+            for convo in pools[target.name]:
+                group.create_task(target.close(http, convo.endpoint))
+    figures = {name: {"turns": turns[name], "seconds": spent[name], "turns_per_s": turns[name] / spent[name]}
+               for name in turns}
+    if "verifiers" in figures:
+        for row in figures.values():
+            row["vs_verifiers"] = row["turns_per_s"] / figures["verifiers"]["turns_per_s"]
+    return figures
+
+
+# ------------------------------------------------------------------------------------------------ first turn
+
+
+async def first_turn_window(http: aiohttp.ClientSession, target: Target, big_lines: int,
+                            quiet_s: float) -> tuple[float, int, list[float], list[float]]:
+    steady = await open_conversation(http, target)
+    await grow(http, [steady], 1000)
+    spans: list[tuple[float, float]] = []
+    stop = asyncio.Event()
+
+    async def steady_loop() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            await chat_turn(http, steady, 1)
+            spans.append((started, time.perf_counter()))
+            await asyncio.sleep(STEADY_TOOL_S)
+
+    async with asyncio.TaskGroup() as group:  # the steady loop ends with the big turn (or is cancelled if it fails)
+        group.create_task(steady_loop())
+        try:
+            await asyncio.sleep(quiet_s)
+            big = await open_conversation(http, target, task_lines=big_lines)
+            big_started = time.perf_counter()
+            await chat_turn(http, big, 1)
+            big_ended = time.perf_counter()
+        finally:
+            stop.set()
+    await target.close(http, big.endpoint)
+    await target.close(http, steady.endpoint)
+    quiet = [e - s for s, e in spans if e < big_started]
+    loaded = [e - s for s, e in spans if s < big_ended and e > big_started]
+    return big_ended - big_started, big.prompt_tokens, quiet, loaded
+
+
+async def first_turn(http: aiohttp.ClientSession, targets: list[Target], repeats: int, history_tokens: int) -> dict:
+    results: dict[str, dict[str, list]] = {t.name: {"big": [], "tokens": [], "quiet": [], "loaded": []}
+                                           for t in targets}
+    for repeat in range(repeats):
+        for target in rotated(targets, repeat):
+            big, tokens, quiet, loaded = await first_turn_window(http, target, history_tokens // TOKENS_PER_LINE, 1.0)
+            row = results[target.name]
+            row["big"].append(big)
+            row["tokens"].append(tokens)
+            row["quiet"] += quiet
+            row["loaded"] += loaded
+    return {name: {"first_turn_p50_ms": pct(row["big"], 0.5) * 1e3, "first_turn_max_ms": max(row["big"]) * 1e3,
+                   "first_prompt_tokens": max(row["tokens"]) if name == "gate" else None,  # only the gate's is exact
+                   "steady_p99_quiet_ms": pct(row["quiet"], 0.99) * 1e3 if row["quiet"] else None,
+                   "steady_p99_during_ms": pct(row["loaded"], 0.99) * 1e3 if row["loaded"] else None,
+                   "steady_turns_during": len(row["loaded"])}
+            for name, row in results.items()}
+
+
+# ------------------------------------------------------------------------------------------------ set-up
+
+
+def ensure_model(model: Path | None) -> Path:
+    if model is not None:
+        return model
+    if not (MODEL_CACHE / "tokenizer.json").exists():  # make_tiny_model moves a complete model into place
+        # built in a short-lived process: torch is imported there, never in the load generator
+        code = ("import sys; from pathlib import Path; from trainer.tiny_model import TinyModelSpec, make_tiny_model; "
+                "make_tiny_model(Path(sys.argv[1]), TinyModelSpec(real_vocab=True))")
+        subprocess.run([sys.executable, "-c", code, str(MODEL_CACHE)], cwd=ROOT, check=True)
+    return MODEL_CACHE
+
+
+async def run(args: argparse.Namespace, logs: Path) -> dict:
+    results: dict = {}
+    with start_targets(set(args.targets.split(",")), model=ensure_model(args.model), logs=logs,
+                       peers_python=PEERS_PYTHON, litellm_python=LITELLM_PYTHON) as (upstream, targets):
+        proxies = [t for t in targets if t.name != "direct"]
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=300)) as http:
+            steps: list[tuple[str, Callable]] = [
+                *((f"latency_{h // 1000}k", lambda h=h: latency(http, targets, upstream, args, h))
+                  for h in args.histories),
+                ("flatness", lambda: flatness(http, targets, upstream, args.flat_turns)),
+                *((f"throughput_{n}", lambda n=n: throughput(http, targets, n, args.seconds, args.slices))
+                  for n in args.rollouts),
+                (f"first_turn_{args.first_tokens // 1000}k",
+                 lambda: first_turn(http, proxies, args.first_turns, args.first_tokens)),
+            ]
+            for name, step in steps:
+                if name.rsplit("_", 1)[0] not in args.steps:
+                    continue
+                started = time.perf_counter()
+                figures = await step()
+                results[name] = latency_figures(figures) if isinstance(figures, Samples) else figures
+                print(f"[{time.perf_counter() - started:5.1f}s] {name} done", file=sys.stderr, flush=True)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+METHOD = ("method: one load-generator process (aiohttp), each server its own process, instant fake upstream; "
+          "targets round robin per turn; added = target - its direct call in the same round "
+          "(gate - direct_tokens, others - direct); ratios are of added ms; throughput slices alternate targets.")
+
+
+def print_table(results: dict) -> None:
+    """One table per measure: a row per target, a column per figure ("-": not measured for that target)."""
+    for section, rows in results.items():
+        print(f"\n{section}")
+        notes = {key: value for key, value in rows.items() if not isinstance(value, dict)}
+        if notes:
+            print("  " + ", ".join(f"{key}: {value}" for key, value in notes.items()))
+        table = {name: row for name, row in rows.items() if isinstance(row, dict)}
+        columns = list(dict.fromkeys(key for row in table.values() for key in row))
+        widths = [max(len(column), 7) for column in columns]
+        print("  " + f"{'target':<14}" + " ".join(f"{c:>{w}}" for c, w in zip(columns, widths)))
+        for name, row in table.items():
+            print("  " + f"{name:<14}" + " ".join(f"{_cell(row.get(c)):>{w}}" for c, w in zip(columns, widths)))
+    print("\n" + METHOD)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="model directory (default: the tiny model, real Qwen vocabulary)")
+    parser.add_argument("--targets", default=None,
+                        help="proxies to start, of gate,black_box,verifiers,litellm (default: those installed)")
+    parser.add_argument("--histories", type=_ints, default=[1_000, 32_000], help="latency: history sizes in tokens")
+    parser.add_argument("--turns", type=int, default=200, help="latency: steady turns per history size")
+    parser.add_argument("--segment", type=int, default=20, help="latency: steady turns per rollout")
+    parser.add_argument("--flat-turns", type=int, default=256)
+    parser.add_argument("--rollouts", type=_ints, default=[64, 256],
+                        help="throughput: concurrent rollouts (e.g. 64,256,1000)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="throughput: seconds per target and rollout count")
+    parser.add_argument("--slices", type=int, default=3, help="throughput: slices each target's seconds are cut in")
+    parser.add_argument("--first-tokens", type=int, default=32_000, help="first turn: the big request's size")
+    parser.add_argument("--first-turns", type=int, default=5, help="first turn: big first requests per target")
+    parser.add_argument("--steps", type=lambda text: set(text.split(",")),
+                        default={"latency", "flatness", "throughput", "first_turn"}, help="which measures to run")
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs and records here (default: a temp dir)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    if args.targets is None:
+        installed = {"verifiers": PEERS_PYTHON.exists(), "litellm": LITELLM_PYTHON.exists()}
+        args.targets = ",".join(["gate", "black_box", *(name for name, ok in installed.items() if ok)])
+        for name in (name for name, ok in installed.items() if not ok):
+            print(f"{name} is not installed (scripts/setup-bench.sh): left out", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        logs = args.logs or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
+        logs.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        results = asyncio.run(run(args, logs))
+    results["meta"] = {"seconds": round(time.perf_counter() - started, 1), "method": METHOD}
+    print_table({k: v for k, v in results.items() if k != "meta"})
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

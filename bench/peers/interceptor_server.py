@@ -1,0 +1,60 @@
+"""Interceptor's server as its own process, in either mode, with the HTTP admin API on.
+
+    python bench/peers/interceptor_server.py --mode interception_gate --upstream URL --model DIR --record FILE
+    python bench/peers/interceptor_server.py --mode black_box --upstream URL
+
+Prints {"url": ..., "admin_token": ...} on one line once it listens, and serves until SIGTERM. Rollouts are opened
+with `POST /rollouts` (see interceptor/admin.py). With `--record`, every turn goes to the write-ahead journal beside
+the record file and every finished rollout to the file, as in training. Only warnings are logged (to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from interceptor import InterceptionServer, ServerConfig, UpstreamConfig  # noqa: E402
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        upstream=UpstreamConfig(base_url=args.upstream),
+        mode=args.mode,
+        model_dir=args.model,
+        admin_token=secrets.token_urlsafe(16),
+        record_path=args.record,
+        default_max_tokens=64,
+    )
+
+
+async def serve(config: ServerConfig) -> None:
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    async with InterceptionServer(config) as server:
+        print(json.dumps({"url": server.url, "admin_token": config.admin_token}), flush=True)
+        await stop.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=("interception_gate", "black_box"), required=True)
+    parser.add_argument("--upstream", required=True, help="the fake upstream's base URL")
+    parser.add_argument("--model", type=Path, help="model directory (interception_gate)")
+    parser.add_argument("--record", type=Path, help="JSON Lines file for finished rollouts")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(serve(config_from_args(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
