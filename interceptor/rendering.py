@@ -26,6 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from jinja2.runtime import new_context
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -84,6 +85,8 @@ class Renderer:
         self.vocab_size: int = max(len(tokenizer), _model_vocab_size(Path(config.model_dir)))
         self._single_ids: dict[str, int | None] = {}
         self._compiled = _fast_template(template)
+        # The template's globals as a plain dict: jinja's own `render` iterates their ChainMap twice per call
+        self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
         # The Rust tokenizer itself: `tokenizer.encode` adds Python work around the same call
         self._rust = getattr(tokenizer, "_tokenizer", None)
 
@@ -98,15 +101,16 @@ class Renderer:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool) -> str:
-        if self._compiled is not None:
+        template = self._compiled
+        if template is not None:
+            variables = {
+                **self._globals, **self._special_kwargs, "messages": chat_template_utils._alias_reasoning_fields(messages),
+                "tools": tools, "documents": None, "add_generation_prompt": generation_prompt,
+            }
+            # What `Template.render` does, with the globals already in `variables` (a shared context)
+            context = new_context(template.environment, template.name, template.blocks, variables, True, self._globals)
             try:
-                return self._compiled.render(
-                    messages=chat_template_utils._alias_reasoning_fields(messages),
-                    tools=tools,
-                    documents=None,
-                    add_generation_prompt=generation_prompt,
-                    **self._special_kwargs,
-                )
+                return template.environment.concat(template.root_render_func(context))
             except Exception as exc:  # raise_exception in the template, or a type error on odd input
                 raise BadRequest(f"the chat template rejected these messages: {exc}") from exc
         return self.render_text_reference(messages, tools, generation_prompt=generation_prompt)
