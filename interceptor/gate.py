@@ -72,7 +72,7 @@ def _sampling(rollout: Rollout, request: ChatRequest, *, max_tokens: int) -> dic
 async def run_turn(
     policy: Policy, rollout: Rollout, request: ChatRequest, *, fingerprint: int, sdk_retry: bool, heavy: bool
 ) -> TurnResult:
-    """One turn. `fingerprint` identifies the request (a hash of its body: retries resend the same body);
+    """One turn. `fingerprint` identifies the request's bytes (`body_cache.py`: retries resend the same body);
     `sdk_retry` is the client's word that this is a retry; `heavy` (a body over HEAVY_REQUEST_BYTES) renders a
     fork off the event loop."""
     assert rollout.trajectory is not None, "run_turn is for interception_gate rollouts"
