@@ -77,9 +77,8 @@ async def relay_turn(
 ) -> web.StreamResponse:
     """Relay `raw` (the agent's body, parsed as `body`) as it came, or re-serialised with the configured model."""
     data = orjson.dumps({**body, "model": upstream.config.model}) if upstream.config.model else raw
-    keys = [message_key(m) for m in chat.messages]
-    known = _common_prefix(rollout.last_messages_keys, keys)
-    rollout.last_messages_keys = keys
+    known = _known_messages(rollout.last_messages, chat.messages)
+    rollout.last_messages = chat.messages
     entry: dict = rollout.scrub({"new_messages": chat.messages[known:], "known_messages": known})
     rollout.trace.append(entry)
     try:
@@ -170,10 +169,14 @@ def _record(rollout: Rollout, entry: dict, rebuilt: Rebuilt) -> None:
     rollout.completion_tokens += rebuilt.completion_tokens
 
 
-def _common_prefix(a: list[tuple], b: list[tuple]) -> int:
+def _known_messages(last: list[dict], messages: list[dict]) -> int:
+    """How many leading `messages` the last call sent too. Resent messages are mostly the very objects of the
+    last request (`body_cache.py`), which a list comparison matches in C; otherwise compare message by message."""
+    if len(messages) >= len(last) and messages[: len(last)] == last:
+        return len(last)
     n = 0
-    for x, y in zip(a, b):
-        if x != y:
+    for x, y in zip(last, messages):
+        if x != y and message_key(x) != message_key(y):
             break
         n += 1
     return n

@@ -106,7 +106,7 @@ class Rollout:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the trajectory is planned or committed
     finishing: bool = False  # its record is being written: it takes no more requests
     ignored_noted: set = field(default_factory=set)  # unknown request fields already noted in the events
-    last_messages_keys: list[tuple] = field(default_factory=list)  # black_box trace: what the last call sent
+    last_messages: list[dict] = field(default_factory=list)  # black_box trace: what the last call sent
     body_caches: dict[str, BodyCache] = field(default_factory=dict, repr=False)  # per dialect: recent bodies
     last_activity: float = field(default_factory=time.monotonic)  # for idle watchdogs: the last authorised request
     in_flight: int = 0  # chat calls being answered now (a slow CPU generation is not an idle agent)

@@ -318,7 +318,7 @@ class InterceptionServer:
             rollout.ignored_noted.update(chat.ignored)
             rollout.note("ignored_request_fields", fields=list(chat.ignored))
         if relayed:
-            ensure_serialisable(body, "body")  # relayed as JSON: it must serialise
+            ensure_serialisable(_unseen(parsed, dialect.history_key), "body")  # it is recorded: it must serialise
             return await relay_turn(request, self._upstream, rollout, raw, body, chat, shape=relay_shape_for(dialect.name),
                                     journal=self._journal)  # fmt: skip
         attempts_key = parsed.fingerprint  # SDK retries resend the same bytes
@@ -386,6 +386,15 @@ def _parse(dialect: Dialect, cache: BodyCache, raw: bytes, relayed: bool) -> tup
     previous = parsed.previous
     continues = (previous, parsed.reused) if parsed.same_rest and parsed.reused and isinstance(previous, ChatRequest) else None
     return parsed, dialect.parse(parsed.body, relayed=relayed, continues=continues)
+
+
+def _unseen(parsed: ParsedBody, history_key: str) -> object:
+    """What of the body no earlier body of the rollout held: all of it, or its new history elements (and its other
+    fields when they changed)."""
+    if not parsed.reused:
+        return parsed.body
+    new = parsed.body[history_key][parsed.reused:]
+    return new if parsed.same_rest else {**parsed.body, history_key: new}
 
 
 def _sdk_retry(request: web.Request) -> bool:
