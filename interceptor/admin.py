@@ -117,7 +117,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
             reward=_reward(body.get("reward")),
             accept_upstream_failures=accept,
         )
-        return json_response(record.to_json_dict())
+        return web.Response(body=record.to_json(), content_type="application/json")
 
     app.router.add_post("/rollouts", open_rollout)
     app.router.add_get("/rollouts/{rid}", show_rollout)

@@ -35,7 +35,7 @@ class Recorder:
         _set_aside_torn_tail(self.path)
 
     async def write(self, record: RolloutRecord) -> None:
-        line = orjson.dumps(record.to_json_dict(), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        line = record.to_json() + b"\n"
         async with self._lock:
             await asyncio.to_thread(self._append, line)
 

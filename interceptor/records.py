@@ -11,8 +11,10 @@ Serialised as JSON Lines with orjson, one rollout per line, tagged with `SCHEMA`
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
+
+import orjson
 
 __all__ = [
     "SCHEMA",
@@ -106,7 +108,12 @@ class RolloutRecord:
         return max(0, sum(not s.auxiliary for s in self.samples) - 1)
 
     def to_json_dict(self) -> dict:
-        return asdict(self)
+        return orjson.loads(self.to_json())
+
+    def to_json(self) -> bytes:
+        """The record as one JSON object. orjson serialises the dataclasses itself, in C: `dataclasses.asdict`
+        deep-copied every token id and took a third of a busy server's time."""
+        return orjson.dumps(self)
 
     @classmethod
     def from_json_dict(cls, data: dict) -> RolloutRecord:
