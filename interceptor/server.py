@@ -27,11 +27,9 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import orjson
 from aiohttp import web
 
 from .admin import add_admin_routes
-from .body_cache import BodyCache, ParsedBody
 from .config import SamplingSettings, ServerConfig
 from .dialects import Dialect, error_for
 from .dialects.chat import CHAT
@@ -39,8 +37,9 @@ from .dialects.messages import MESSAGES
 from .dialects.responses import RESPONSES
 from .errors import BadRequest, ConfigError, Conflict, NotFound, errors_middleware_for, json_response
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
+from .incoming import read_request, unseen_part
 from .journal import Journal, journal_segments, recover_journal
-from .protocol import ChatRequest, ensure_serialisable, parse_json_body
+from .protocol import ensure_serialisable, parse_json_body
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .relay import relay_turn
@@ -309,16 +308,16 @@ class InterceptionServer:
         relayed = self.policy is None
         cache = rollout.body_cache(dialect.name, dialect.history_key)
         if len(raw) > PARSE_OFF_LOOP_BYTES and not cache.extends_recent(raw):
-            parsed, chat = await asyncio.to_thread(_parse, dialect, cache, raw, relayed)
+            parsed, chat = await asyncio.to_thread(read_request, dialect, cache, raw, relayed)
         else:
-            parsed, chat = _parse(dialect, cache, raw, relayed)
+            parsed, chat = read_request(dialect, cache, raw, relayed)
         cache.keep(parsed, chat)
         body = parsed.body
         if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
             rollout.ignored_noted.update(chat.ignored)
             rollout.note("ignored_request_fields", fields=list(chat.ignored))
         if relayed:
-            ensure_serialisable(_unseen(parsed, dialect.history_key), "body")  # it is recorded: it must serialise
+            ensure_serialisable(unseen_part(parsed, dialect.history_key), "body")  # it is recorded: it must serialise
             return await relay_turn(request, self._upstream, rollout, raw, body, chat, shape=relay_shape_for(dialect.name),
                                     journal=self._journal)  # fmt: skip
         attempts_key = parsed.fingerprint  # SDK retries resend the same bytes
@@ -371,30 +370,6 @@ class InterceptionServer:
         if name == "answer" and self._journal is not None:
             self._journal.answered(rollout.id, rollout.answer)
         return json_response(answer)
-
-
-def _parse(dialect: Dialect, cache: BodyCache, raw: bytes, relayed: bool) -> tuple[ParsedBody, ChatRequest]:
-    """The body read through the rollout's cache (only what follows the history it shares with a recent body is
-    parsed), and the dialect's request. black_box (relayed): the upstream honours the options; only what the trace
-    reads (messages, tools, stream) is checked."""
-    try:
-        parsed = cache.read(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(parsed.body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    previous = parsed.previous
-    continues = (previous, parsed.reused) if parsed.same_rest and parsed.reused and isinstance(previous, ChatRequest) else None
-    return parsed, dialect.parse(parsed.body, relayed=relayed, continues=continues)
-
-
-def _unseen(parsed: ParsedBody, history_key: str) -> object:
-    """What of the body no earlier body of the rollout held: all of it, or its new history elements (and its other
-    fields when they changed)."""
-    if not parsed.reused:
-        return parsed.body
-    new = parsed.body[history_key][parsed.reused:]
-    return new if parsed.same_rest else {**parsed.body, history_key: new}
 
 
 def _sdk_retry(request: web.Request) -> bool:

@@ -15,7 +15,7 @@ from interceptor.dialects.chat import CHAT
 from interceptor.dialects.messages import MESSAGES
 from interceptor.dialects.responses import RESPONSES
 from interceptor.errors import BadRequest
-from interceptor.server import _parse
+from interceptor.incoming import read_request as _parse
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 ANTHROPIC_TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
