@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import replace
 
 import orjson
 from aiohttp import web
@@ -42,7 +43,7 @@ from aiohttp import web
 from ..errors import ApiError, BadRequest, error_body
 from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int, typed_field
 from ..rollouts import TurnResult
-from .responses_input import input_messages, tool_choice
+from .responses_input import convert_items, input_messages, tool_choice
 from .responses_input import tools as tools_of
 
 __all__ = ["RESPONSES", "ResponsesDialect"]
@@ -82,6 +83,10 @@ class ResponsesDialect:
 
     def parse(self, body: dict, *, relayed: bool = False, continues: tuple[ChatRequest, int] | None = None) -> ChatRequest:
         """`relayed` (black_box): the upstream honours every option; only what the trace reads is checked."""
+        if continues is not None:
+            continued = _continued(*continues, body)
+            if continued is not None:
+                return continued
         for key in () if relayed else _STATELESS:
             if body.get(key) is not None:
                 raise BadRequest(f"{key} is not supported: nothing is stored here (store: false); send the whole "
@@ -97,7 +102,15 @@ class ResponsesDialect:
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise BadRequest("instructions must be a string", param="instructions")
-        messages = ([{"role": "system", "content": instructions}] if instructions else []) + input_messages(body.get("input"))
+        system = [{"role": "system", "content": instructions}] if instructions else []
+        items = body.get("input")
+        if isinstance(items, list) and items:
+            converted, history_ends = convert_items(items, start=0, offset=len(system))
+            if not converted:
+                raise BadRequest("input holds no message", param="input")
+        else:
+            converted, history_ends = input_messages(items), ()
+        messages = system + converted
         tools = tools_of(body.get("tools"), relayed=relayed)
         ensure_serialisable(tools, "tools")
         return ChatRequest(
@@ -118,6 +131,7 @@ class ResponsesDialect:
             top_logprobs=0,
             ignored=tuple(sorted(ignored - {"client_metadata"})),
             request_kind=_request_kind(body.get("client_metadata")),
+            history_ends=history_ends,
         )
 
     # ------------------------------------------------------------------------------------------- replies
@@ -131,6 +145,19 @@ class ResponsesDialect:
 
     def error(self, error: ApiError) -> tuple[int, dict]:
         return error.status, error_body(error)
+
+
+def _continued(previous: ChatRequest, reused: int, body: dict) -> ChatRequest | None:
+    """The request in `body`, whose fields other than `input` and whose first `reused` items are byte for byte
+    those of the body `previous` was parsed from: the items after the last of those the conversion can resume
+    from are converted (None when there is none)."""
+    ends = previous.history_ends
+    resume = next((j for j in range(min(reused, len(ends)), 0, -1) if ends[j - 1] >= 0), 0)
+    if not resume:
+        return None
+    kept = ends[resume - 1]
+    converted, new_ends = convert_items(body["input"][resume:], start=resume, offset=kept)
+    return replace(previous, messages=previous.messages[:kept] + converted, history_ends=ends[:resume] + new_ends)
 
 
 def _response(response_id: str, chat: ChatRequest, model: str, *, output: list[dict],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import BadRequest
 
-__all__ = ["input_messages", "tool_choice", "tools"]
+__all__ = ["convert_items", "input_messages", "tool_choice", "tools"]
 
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
 
@@ -15,40 +15,54 @@ def input_messages(items: object) -> list[dict]:
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise BadRequest("input must be a string or a non-empty list of items", param="input")
-    messages: list[dict] = []
-    reasoning: str | None = None  # from a reasoning item, for the assistant turn that follows it
-    for i, item in enumerate(items):
-        param = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise BadRequest(f"{param} must be an object", param=param)
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "reasoning":
-            reasoning = _reasoning_text(item, param) or None
-            continue
-        if kind == "message":
-            message = _message(item, param)
-        elif kind == "function_call":
-            call = _function_call(item, param)
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and reasoning is None:
-                last.setdefault("tool_calls", []).append(call)  # the same turn: text, then its calls
-                continue
-            message = {"role": "assistant", "content": "", "tool_calls": [call]}
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
-                raise BadRequest(f"{param}.call_id must be a string", param=f"{param}.call_id")
-            message = {"role": "tool", "tool_call_id": item["call_id"],
-                       "content": _text_of(item.get("output"), f"{param}.output")}  # fmt: skip
-        else:
-            raise BadRequest(f"{param}: item type {kind!r} is not supported; send message, function_call, "
-                             "function_call_output and reasoning items", param=param)  # fmt: skip
-        if message["role"] == "assistant" and reasoning is not None:
-            message["reasoning_content"] = reasoning
-        reasoning = None
-        messages.append(message)
+    messages, _ = convert_items(items, start=0, offset=0)
     if not messages:
         raise BadRequest("input holds no message", param="input")
     return messages
+
+
+def convert_items(items: list, *, start: int, offset: int) -> tuple[list[dict], tuple[int, ...]]:
+    """The input items (numbered from `start`) as messages, and for each item where its messages end in a list
+    already holding `offset` messages, or -1 where the conversion cannot resume after it (a reasoning item waits
+    for its assistant turn, or the last message is an assistant's, which a function call would join)."""
+    messages: list[dict] = []
+    ends: list[int] = []
+    reasoning: str | None = None  # from a reasoning item, for the assistant turn that follows it
+    for i, item in enumerate(items, start=start):
+        reasoning = _add_item(item, f"input[{i}]", messages, reasoning)
+        clean = reasoning is None and (not messages or messages[-1]["role"] != "assistant")
+        ends.append(offset + len(messages) if clean else -1)
+    return messages, tuple(ends)
+
+
+def _add_item(item: object, param: str, messages: list[dict], reasoning: str | None) -> str | None:
+    """Add what `item` says to `messages`; the reasoning still waiting for its assistant turn."""
+    if not isinstance(item, dict):
+        raise BadRequest(f"{param} must be an object", param=param)
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "reasoning":
+        return _reasoning_text(item, param) or None
+    if kind == "message":
+        message = _message(item, param)
+    elif kind == "function_call":
+        call = _function_call(item, param)
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant" and reasoning is None:
+            last.setdefault("tool_calls", []).append(call)  # the same turn: text, then its calls
+            return None
+        message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    elif kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str):
+            raise BadRequest(f"{param}.call_id must be a string", param=f"{param}.call_id")
+        message = {"role": "tool", "tool_call_id": item["call_id"],
+                   "content": _text_of(item.get("output"), f"{param}.output")}  # fmt: skip
+    else:
+        raise BadRequest(f"{param}: item type {kind!r} is not supported; send message, function_call, "
+                         "function_call_output and reasoning items", param=param)  # fmt: skip
+    if message["role"] == "assistant" and reasoning is not None:
+        message["reasoning_content"] = reasoning
+    messages.append(message)
+    return None
 
 
 def _message(item: dict, param: str) -> dict:

@@ -58,12 +58,18 @@ def messages_bodies() -> list[dict]:
 def responses_bodies() -> list[dict]:
     items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix it."}]}]
     bodies = []
-    for turn in range(4):
+    for turn in range(5):
         bodies.append({"model": "gpt", "instructions": "You are Codex.", "input": copy.deepcopy(items),
                        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}],
                        "stream": True, "store": False})
-        items += [{"type": "function_call", "call_id": f"k{turn}", "name": "exec_command", "arguments": '{"cmd": "ls"}'},
-                  {"type": "function_call_output", "call_id": f"k{turn}", "output": f"out {turn}"}]
+        call = {"type": "function_call", "call_id": f"k{turn}", "name": "exec_command", "arguments": '{"cmd": "ls"}'}
+        output = {"type": "function_call_output", "call_id": f"k{turn}", "output": f"out {turn}"}
+        if turn % 2:  # Codex's turns: reasoning, a message, its calls (which join that message), their outputs
+            items += [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
+                      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+                      call, {**call, "call_id": f"k{turn}b"}, output, {**output, "call_id": f"k{turn}b"}]
+        else:
+            items += [call, output]
     return bodies
 
 
