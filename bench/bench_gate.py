@@ -2,6 +2,7 @@
 
     scripts/setup-bench.sh              # once: verifiers in bench/.venv-peers, LiteLLM in bench/.venv-litellm
     python bench/bench_gate.py [--turns 200] [--rollouts 64,256,1000] [--seconds 6] [--steps ...] [--json OUT]
+    python bench/bench_gate.py --targets gate --steps throughput --rollouts 64 --gate-workers 1,2   # scaling
 
 Processes (each its own, started here, stopped at the end): an instant fake upstream (bench/peers/fake_upstream.py),
 Interceptor in `interception_gate` (recording, as in training) and in `black_box`, verifiers' interception server
@@ -18,7 +19,9 @@ robin, turn by turn (the order rotating each round), so machine noise hits them 
   (gate - direct_tokens, the others - direct), and the ratios of the added ms to verifiers'.
 - flatness: one rollout per target, `--flat-turns` turns of ~130 tokens each; the median of turns 1-8 vs the last 8.
 - throughput: N concurrent rollouts of up to 16 turns each (then a fresh one), for `--seconds` per target, split in
-  `--slices` slices taken in turn; turns/s and the ratio to verifiers.
+  `--slices` slices taken in turn; turns/s and the ratio to verifiers. With `--gate-workers 1,2`, the gate also runs
+  as `interceptor serve --workers N` for each N above 1 (target `gate_wN`, throughput only; rollouts opened through
+  its front, turns sent to their worker); N = 1 is the `gate` row itself.
 - first turn: a fresh rollout whose first request carries ~32k tokens, while a steady rollout (~1k history, 10 ms of
   "tool time" between turns) runs; the big turn's latency, and the steady p99 while it ran vs just before.
 The fake upstream answers at once: these figures measure the proxies, not a model. All processes share the machine's
@@ -45,7 +48,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers.agent import TOKENS_PER_LINE, Conversation, chat_turn, open_conversation, tokens_turn  # noqa: E402
-from peers.launch import Target, start_targets  # noqa: E402
+from peers.launch import InterceptorTarget, Target, start_process, start_targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / "bench" / ".venv-peers" / "bin" / "python"  # verifiers (scripts/setup-bench.sh)
@@ -281,18 +284,35 @@ def ensure_model(model: Path | None) -> Path:
     return MODEL_CACHE
 
 
+def start_sharded_gates(stack: contextlib.ExitStack, upstream: str, model: Path, logs: Path,
+                        counts: Sequence[int]) -> list[Target]:
+    """The gate as N worker processes behind its admin front (`gate_wN`), one target per N above 1."""
+    targets: list[Target] = []
+    for count in (n for n in counts if n > 1):
+        name = f"gate_w{count}"
+        argv = [sys.executable, str(ROOT / "bench" / "peers" / "interceptor_server.py"), "--upstream", upstream,
+                "--mode", "interception_gate", "--model", str(model), "--record", str(logs / f"rollouts-{name}.jsonl"),
+                "--workers", str(count)]
+        ready = stack.enter_context(start_process(name, argv, logs)).ready
+        targets.append(InterceptorTarget(name, ready["url"], ready["admin_token"]))
+    return targets
+
+
 async def run(args: argparse.Namespace, logs: Path) -> dict:
     results: dict = {}
-    with start_targets(set(args.targets.split(",")), model=ensure_model(args.model), logs=logs,
-                       peers_python=PEERS_PYTHON, litellm_python=LITELLM_PYTHON) as (upstream, targets):
+    model = ensure_model(args.model)
+    with start_targets(set(args.targets.split(",")), model=model, logs=logs, peers_python=PEERS_PYTHON,
+                       litellm_python=LITELLM_PYTHON) as (upstream, targets), contextlib.ExitStack() as sharded:
         proxies = [t for t in targets if t.name != "direct"]
+        scaling = start_sharded_gates(sharded, upstream, model, logs, args.gate_workers)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                          timeout=aiohttp.ClientTimeout(total=300)) as http:
             steps: list[tuple[str, Callable]] = [
                 *((f"latency_{h // 1000}k", lambda h=h: latency(http, targets, upstream, args, h))
                   for h in args.histories),
                 ("flatness", lambda: flatness(http, targets, upstream, args.flat_turns)),
-                *((f"throughput_{n}", lambda n=n: throughput(http, targets, n, args.seconds, args.slices))
+                *((f"throughput_{n}", lambda n=n: throughput(http, [*targets, *scaling], n, args.seconds,
+                                                             args.slices))
                   for n in args.rollouts),
                 (f"first_turn_{args.first_tokens // 1000}k",
                  lambda: first_turn(http, proxies, args.first_turns, args.first_tokens)),
@@ -353,6 +373,9 @@ def main() -> int:
                         help="throughput: concurrent rollouts (e.g. 64,256,1000)")
     parser.add_argument("--seconds", type=float, default=6.0, help="throughput: seconds per target and rollout count")
     parser.add_argument("--slices", type=int, default=3, help="throughput: slices each target's seconds are cut in")
+    parser.add_argument("--gate-workers", type=_ints, default=[],
+                        help="throughput: also the gate with these worker counts (e.g. 1,2): a row gate_wN per N "
+                             "above 1; 1 is the gate row itself (added to --targets)")
     parser.add_argument("--first-tokens", type=int, default=32_000, help="first turn: the big request's size")
     parser.add_argument("--first-turns", type=int, default=5, help="first turn: big first requests per target")
     parser.add_argument("--steps", type=lambda text: set(text.split(",")),
@@ -365,6 +388,8 @@ def main() -> int:
         args.targets = ",".join(["gate", "black_box", *(name for name, ok in installed.items() if ok)])
         for name in (name for name, ok in installed.items() if not ok):
             print(f"{name} is not installed (scripts/setup-bench.sh): left out", file=sys.stderr)
+    if 1 in args.gate_workers and "gate" not in args.targets.split(","):
+        args.targets += ",gate"
     with contextlib.ExitStack() as stack:
         logs = args.logs or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
         logs.mkdir(parents=True, exist_ok=True)

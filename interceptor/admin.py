@@ -27,20 +27,24 @@ from .records import Failure
 if TYPE_CHECKING:
     from .server import InterceptionServer
 
-__all__ = ["add_admin_routes"]
+__all__ = ["add_admin_routes", "authorize_admin"]
 
 _STATUSES = ("ok", "failed", "timeout", "interrupted")
 
 
+def authorize_admin(request: web.Request, token: str | None) -> None:
+    """404 when no admin token is configured (the admin API is off), 401 for any other credential."""
+    if token is None:
+        raise NotFound("the admin API is off (no admin token configured)")
+    presented = request.headers.get("Authorization", "")
+    # surrogateescape: non-ASCII bytes in the header are compared (and rejected), never an encoding error
+    if not hmac.compare_digest(presented.encode(errors="surrogateescape"), f"Bearer {token}".encode()):
+        raise Unauthorized("invalid admin token")
+
+
 def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
     def authorize(request: web.Request) -> None:
-        token = server.config.admin_token
-        if token is None:
-            raise NotFound("the admin API is off (no admin token configured)")
-        presented = request.headers.get("Authorization", "")
-        # surrogateescape: non-ASCII bytes in the header are compared (and rejected), never an encoding error
-        if not hmac.compare_digest(presented.encode(errors="surrogateescape"), f"Bearer {token}".encode()):
-            raise Unauthorized("invalid admin token")
+        authorize_admin(request, server.config.admin_token)
 
     async def open_rollout(request: web.Request) -> web.Response:
         authorize(request)

@@ -75,6 +75,13 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo_from_args(args)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="interceptor", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -118,7 +125,20 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--mode", choices=("interception_gate", "black_box"), default="interception_gate")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
-    serve.add_argument("--record", help="JSON Lines file for finished rollouts")
+    serve.add_argument(
+        "--record",
+        help="JSON Lines file for finished rollouts. With --workers N > 1 each worker writes its own file beside it "
+        "(rollouts.jsonl -> rollouts.w0.jsonl, rollouts.w1.jsonl, ...), with its own journal and crash recovery: "
+        "restart with the same N",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="server processes, one core each (default 1). With N > 1, --host:--port is a front holding the admin "
+        "API and /health; rollouts are shared among the workers, and each rollout's base URL names its worker's port",
+    )
     serve.add_argument(
         "--admin-token-file", help="write the admin token here (mode 0600) when INTERCEPTOR_ADMIN_TOKEN is unset"
     )

@@ -21,20 +21,21 @@ __all__ = [
     "ApiError",
     "BadRequest",
     "ConfigError",
-    "ContextLengthExceeded",
     "Conflict",
+    "ContextLengthExceeded",
+    "ErrorShape",
     "NotFound",
     "PayloadTooLarge",
     "Unauthorized",
     "UpstreamError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
-    "ErrorShape",
+    "WorkerUnavailable",
     "error_body",
     "errors_middleware",
     "errors_middleware_for",
-    "openai_error",
     "json_response",
+    "openai_error",
 ]
 
 log = logging.getLogger("interceptor.server")
@@ -102,6 +103,14 @@ class UpstreamError(ApiError):
 class UpstreamUnavailable(UpstreamError):
     status = 503
     code = "upstream_unavailable"
+
+
+class WorkerUnavailable(ApiError):
+    """`serve --workers N`: the worker holding a rollout (or every worker) is down."""
+
+    status = 503
+    type = "server_error"
+    code = "worker_unavailable"
 
 
 class UpstreamTimeout(UpstreamError):

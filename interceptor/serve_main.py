@@ -3,6 +3,9 @@
 Configuration comes from the command line; secrets only from the environment (never argv, which other users
 of the machine can read): `INTERCEPTOR_ADMIN_TOKEN` (generated and written to `--admin-token-file` when unset)
 and `INTERCEPTOR_UPSTREAM_API_KEY` (black_box upstreams that need one).
+
+`--workers N` (N > 1) runs N worker processes behind a front that holds the admin API (interceptor/workers.py):
+each rollout's base URL names its worker's port, and worker i records to `R.w{i}.jsonl` beside `--record R.jsonl`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import signal
 from pathlib import Path
 
 from .config import ServerConfig, UpstreamConfig
-from .server import InterceptionServer
+from .workers import ShardedServer
 
 __all__ = ["run_serve_from_args"]
 
@@ -39,12 +42,18 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-async def _serve(config: ServerConfig, token_file: Path | None) -> None:
+async def _serve(config: ServerConfig, token_file: Path | None, workers: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with InterceptionServer(config) as server:
+    if workers == 1:
+        from .server import InterceptionServer  # only here: a front with workers never loads the tokenizer stack
+
+        server: InterceptionServer | ShardedServer = InterceptionServer(config)
+    else:
+        server = ShardedServer(config, workers=workers)
+    async with server:  # with workers, this returns once every worker listens
         if token_file is not None:
             _write_private(token_file, config.admin_token + "\n")
         print(f"interception server ({config.mode}) listening on {server.url}", flush=True)
@@ -62,5 +71,5 @@ def _write_private(path: Path, text: str) -> None:
 def run_serve_from_args(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = config_from_args(args)
-    asyncio.run(_serve(config, Path(args.admin_token_file) if args.admin_token_file else None))
+    asyncio.run(_serve(config, Path(args.admin_token_file) if args.admin_token_file else None, args.workers))
     return 0

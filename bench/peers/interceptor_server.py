@@ -2,10 +2,12 @@
 
     python bench/peers/interceptor_server.py --mode interception_gate --upstream URL --model DIR --record FILE
     python bench/peers/interceptor_server.py --mode black_box --upstream URL
+    python bench/peers/interceptor_server.py ... --workers 2     # N worker processes behind one admin front
 
 Prints {"url": ..., "admin_token": ...} on one line once it listens, and serves until SIGTERM. Rollouts are opened
 with `POST /rollouts` (see interceptor/admin.py). With `--record`, every turn goes to the write-ahead journal beside
-the record file and every finished rollout to the file, as in training. Only warnings are logged (to stderr).
+the record file and every finished rollout to the file, as in training (with `--workers N`, worker i's file is
+`FILE` with `.wI` before its suffix; see interceptor/workers.py). Only warnings are logged (to stderr).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig  # noqa: E402
+from interceptor.workers import ShardedServer  # noqa: E402
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -35,11 +38,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-async def serve(config: ServerConfig) -> None:
+async def serve(config: ServerConfig, workers: int) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    async with InterceptionServer(config) as server:
+    server = InterceptionServer(config) if workers == 1 else ShardedServer(config, workers=workers)
+    async with server:
         print(json.dumps({"url": server.url, "admin_token": config.admin_token}), flush=True)
         await stop.wait()
 
@@ -50,9 +54,10 @@ def main() -> int:
     parser.add_argument("--upstream", required=True, help="the fake upstream's base URL")
     parser.add_argument("--model", type=Path, help="model directory (interception_gate)")
     parser.add_argument("--record", type=Path, help="JSON Lines file for finished rollouts")
+    parser.add_argument("--workers", type=int, default=1, help="server processes (interceptor serve --workers)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(serve(config_from_args(args)))
+    asyncio.run(serve(config_from_args(args), args.workers))
     return 0
 
 

@@ -76,7 +76,7 @@ class ServeProcess:
 
 @asynccontextmanager
 async def serve_process(
-    *, upstream_url: str, model_dir: Path, record_path: Path, workdir: Path, admin_token: str
+    *, upstream_url: str, model_dir: Path, record_path: Path, workdir: Path, admin_token: str, workers: int = 1
 ) -> AsyncIterator[ServeProcess]:
     workdir.mkdir(parents=True, exist_ok=True)
     starts = len(list(workdir.glob("serve-*.stderr")))
@@ -90,6 +90,7 @@ async def serve_process(
         "--host", "127.0.0.1",
         "--port", "0",
         "--admin-token-file", str(workdir / "admin-token"),
+        "--workers", str(workers),
     ]  # fmt: skip
     with open(stderr_path, "wb") as stderr:
         process = await asyncio.create_subprocess_exec(
