@@ -9,7 +9,8 @@ Builds a `tool_model_spec()` model in a temp dir, trains it with `train_tool_cal
 distractor numbers, a long system prompt, each shell tool shape, and each captured agent's real request (the messages
 around its task and its tools: Pi, OpenCode, Claude Code, Codex). A call is right when `parse_output` finds exactly
 one call of the offered shell tool (`bash`/`Bash` with `{"command": "answer N"}`, `exec_command` with `{"cmd": ...}`)
-and nothing else before `<|im_end|>`. After the tool response the model must answer `Done.` with no call.
+and nothing else before `<|im_end|>`; "formed" counts well-formed calls of that tool with `answer <digits>`, right
+number or not. After the tool response the model must answer `Done.` with no call.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -75,6 +77,18 @@ def is_answer_call(text: str, number: int, shell: tuple[str, str] = ("bash", "co
             and json.loads(parsed.calls[0].arguments) == {argument: f"answer {number}"})
 
 
+def is_shell_call(text: str, shell: tuple[str, str]) -> bool:
+    """Exactly one call of the offered shell tool with its one argument, `answer <digits>` (any number), then the
+    end of the turn: well-formed, right or not."""
+    if not text.endswith("<|im_end|>") or text.count("<|im_end|>") != 1:
+        return False
+    parsed = parse_output(text.removesuffix("<|im_end|>"))
+    if parsed.malformed or parsed.content is not None or len(parsed.calls) != 1 or parsed.calls[0].name != shell[0]:
+        return False
+    arguments = json.loads(parsed.calls[0].arguments)
+    return list(arguments) == [shell[1]] and re.fullmatch(r"answer \d+", str(arguments[shell[1]])) is not None
+
+
 def first_turn(tokenizer, context: Context, task: str) -> str:
     return tokenizer.apply_chat_template(context.messages({"role": "user", "content": task}),
                                          tools=list(context.tools), tokenize=False, add_generation_prompt=True)
@@ -128,6 +142,7 @@ def evaluate(model_dir: Path, *, samples: int, seed: int) -> dict:
         results[name] = {
             "prompts": count,
             "greedy": sum(right) / count,
+            "well_formed": sum(is_shell_call(text, context.shell) for text in greedy) / count,
             "temperature_1": sum(is_answer_call(text, n, context.shell) for text, n in zip(sampled, numbers)) / count,
             "done_after_tool": sum(text == DONE_TEXT + "<|im_end|>" for text in after) / count,
             "greedy_failures": [text for text, ok in zip(greedy, right) if not ok][:3],
@@ -169,9 +184,9 @@ def main() -> int:
     print(f"{summary['vocab']} vocabulary, {t['steps']} steps, {t['episodes']} episodes, {t['tokens']} tokens: "
           f"{t['seconds']:.1f} s training loop, {t['wall_seconds']:.1f} s with loading and saving; "
           f"loss {t['final_loss']:.3f}")
-    print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'temp 1':>7} {'Done.':>6}")
+    print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'formed':>7} {'temp 1':>7} {'Done.':>6}")
     for name, r in results.items():
-        print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['temperature_1']:>7.0%} "
+        print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['well_formed']:>7.0%} {r['temperature_1']:>7.0%} "
               f"{r['done_after_tool']:>6.0%}")
         for text in r["greedy_failures"]:
             print(f"{'':>30}wrong: {text[:90]!r}")
