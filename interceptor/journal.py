@@ -202,7 +202,7 @@ def recover_journal(record_path: Path) -> list[RolloutRecord]:
                         rollout.add_turn(event["branch"], event["trace"], event["usage"])
                     elif kind == "answer":
                         rollout.answer = event["answer"]
-                except (KeyError, TypeError, IndexError) as exc:
+                except (KeyError, TypeError, IndexError, ValueError) as exc:
                     log.warning("journal event of rollout %s not understood: %r", rollout_id, exc)
     reason = "the server stopped before the rollout finished; its completed turns were recovered from the journal"
     return [rollout.to_record(reason) for rollout in live.values()]
