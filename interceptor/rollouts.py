@@ -69,15 +69,19 @@ class Attempts:
 
 
 def _scrub(value: object, secrets_: tuple[str, ...]) -> object:
+    """`value` with the secrets replaced; the very same object when it holds none (copied only where it changes),
+    so a trace shares its messages with the trajectory instead of holding them twice."""
     if isinstance(value, str):
         for secret in secrets_:
             if secret in value:
                 value = value.replace(secret, "[redacted]")
         return value
     if isinstance(value, dict):
-        return {k: _scrub(v, secrets_) for k, v in value.items()}
+        changed = {k: s for k, v in value.items() if (s := _scrub(v, secrets_)) is not v}
+        return {**value, **changed} if changed else value
     if isinstance(value, list):
-        return [_scrub(v, secrets_) for v in value]
+        scrubbed = [_scrub(v, secrets_) for v in value]
+        return scrubbed if any(s is not v for s, v in zip(scrubbed, value)) else value
     return value
 
 
