@@ -48,7 +48,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers.agent import TOKENS_PER_LINE, Conversation, chat_turn, open_conversation, tokens_turn  # noqa: E402
-from peers.launch import InterceptorTarget, Target, start_process, start_targets  # noqa: E402
+from peers.launch import Target, start_sharded_gates, start_targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / "bench" / ".venv-peers" / "bin" / "python"  # verifiers (scripts/setup-bench.sh)
@@ -282,20 +282,6 @@ def ensure_model(model: Path | None) -> Path:
                 "make_tiny_model(Path(sys.argv[1]), TinyModelSpec(real_vocab=True))")
         subprocess.run([sys.executable, "-c", code, str(MODEL_CACHE)], cwd=ROOT, check=True)
     return MODEL_CACHE
-
-
-def start_sharded_gates(stack: contextlib.ExitStack, upstream: str, model: Path, logs: Path,
-                        counts: Sequence[int]) -> list[Target]:
-    """The gate as N worker processes behind its admin front (`gate_wN`), one target per N above 1."""
-    targets: list[Target] = []
-    for count in (n for n in counts if n > 1):
-        name = f"gate_w{count}"
-        argv = [sys.executable, str(ROOT / "bench" / "peers" / "interceptor_server.py"), "--upstream", upstream,
-                "--mode", "interception_gate", "--model", str(model), "--record", str(logs / f"rollouts-{name}.jsonl"),
-                "--workers", str(count)]
-        ready = stack.enter_context(start_process(name, argv, logs)).ready
-        targets.append(InterceptorTarget(name, ready["url"], ready["admin_token"]))
-    return targets
 
 
 async def run(args: argparse.Namespace, logs: Path) -> dict:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
-import signal
 import sys
 import time
 from pathlib import Path
 
 import orjson
 from aiohttp import web
+from serving import serve_until_stopped  # this folder: the scripts run as programs
 from tokenizers import Tokenizer
 
 MAX_MODEL_LEN = 200_000  # past the longest conversation any benchmark here grows
@@ -80,24 +79,10 @@ def _json(payload: dict) -> web.Response:
     return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
 
-async def serve(model_dir: Path) -> None:
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(InstantUpstream(model_dir).app(), access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        print(json.dumps({"url": f"http://127.0.0.1:{runner.addresses[0][1]}"}), flush=True)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, type=Path, help="a model directory with the real Qwen tokenizer")
-    asyncio.run(serve(parser.parse_args().model))
+    asyncio.run(serve_until_stopped(InstantUpstream(parser.parse_args().model).app()))
     return 0
 
 

@@ -16,7 +16,7 @@ import json
 import select
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -25,7 +25,7 @@ import aiohttp
 
 __all__ = [
     "DirectTarget", "Endpoint", "InterceptorTarget", "Process", "Target", "VerifiersTarget", "start_process",
-    "start_targets",
+    "start_sharded_gates", "start_targets",
 ]
 
 _READY_TIMEOUT_S = 120.0  # loading a tokenizer or importing verifiers takes seconds; far more on a busy machine
@@ -181,3 +181,17 @@ def start_targets(wanted: set[str], *, model: Path, logs: Path, peers_python: Pa
             ready = start("litellm", [str(litellm_python), str(_HERE / "litellm_server.py"), "--upstream", upstream])
             targets.append(DirectTarget("litellm", ready["url"], ready["api_key"]))  # one endpoint, no rollouts
         yield upstream, targets
+
+
+def start_sharded_gates(stack: contextlib.ExitStack, upstream: str, model: Path, logs: Path,
+                        counts: Sequence[int]) -> list[Target]:
+    """The gate as N worker processes behind its admin front (`gate_wN`), one target per N above 1."""
+    targets: list[Target] = []
+    for count in (n for n in counts if n > 1):
+        name = f"gate_w{count}"
+        argv = [sys.executable, str(_HERE / "interceptor_server.py"), "--upstream", upstream, "--mode",
+                "interception_gate", "--model", str(model), "--record", str(logs / f"rollouts-{name}.jsonl"),
+                "--workers", str(count)]
+        ready = stack.enter_context(start_process(name, argv, logs)).ready
+        targets.append(InterceptorTarget(name, ready["url"], ready["admin_token"]))
+    return targets

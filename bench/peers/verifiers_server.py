@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import signal
 import sys
 from dataclasses import dataclass
 
@@ -33,6 +31,8 @@ from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.interception import InterceptionServer
 from verifiers.v1.session import RolloutSession
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+
+from serving import serve_until_stopped  # this folder: the scripts run as programs
 
 UPSTREAM_MODEL = "instant"
 API_KEY_VAR = "BENCH_UPSTREAM_API_KEY"  # unset: verifiers sends "EMPTY", which the fake upstream accepts
@@ -69,22 +69,12 @@ class Rollouts:
 
 
 async def serve(upstream: str) -> None:
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     async with InterceptionServer() as server:  # no tunnel: every consumer is on this host
         rollouts = Rollouts(server, upstream)
         admin = web.Application()
         admin.router.add_post("/rollouts", rollouts.open_rollout)
         admin.router.add_post("/rollouts/{rid}/finish", rollouts.finish_rollout)
-        runner = web.AppRunner(admin, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            print(json.dumps({"url": f"http://127.0.0.1:{runner.addresses[0][1]}"}), flush=True)
-            await stop.wait()
-        finally:
-            await runner.cleanup()
+        await serve_until_stopped(admin)
 
 
 def main() -> int:
