@@ -14,23 +14,20 @@ next record.
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import random
 import re
-import secrets
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import orjson
-import pytest
 
 from interceptor import RolloutRecord, read_records
 from interceptor.cli import main
 from tests.fakes import Call, Slow
-from tests.interceptor.serve_process import Conversation, ServeProcess, serve_process
+from tests.interceptor.serve_process import Conversation, ServeProcess
 from tests.invariants import assert_token_exact
 
 TEST_TIMEOUT_S = 240.0  # a bound on every wait below; the kill test takes ~20 s on 2 cores
@@ -122,24 +119,6 @@ async def talk_until_the_server_dies(
         await talk(conversation, session, turns)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
         pass  # the server was killed: the turn in flight got no answer
-
-
-@pytest.fixture
-def record_path(tmp_path) -> Path:
-    return tmp_path / "rollouts.jsonl"
-
-
-@pytest.fixture
-def launch(scripted, tiny_model_dir, tmp_path, record_path):
-    """`launch()` starts `interceptor serve` on the record file: each call is a new process, a restart."""
-    return functools.partial(
-        serve_process,
-        upstream_url=scripted.url,
-        model_dir=tiny_model_dir,
-        record_path=record_path,
-        workdir=tmp_path,
-        admin_token=secrets.token_urlsafe(24),
-    )
 
 
 async def test_kill_9_loses_no_finished_rollout_and_keeps_every_answered_turn(scripted, launch, record_path):

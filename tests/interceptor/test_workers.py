@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import secrets
 import signal
 from collections import Counter
 from pathlib import Path
@@ -24,7 +23,7 @@ from openai import AsyncOpenAI
 
 from interceptor import RolloutRecord, read_records
 from interceptor.workers import worker_record_path
-from tests.interceptor.serve_process import ServeProcess, serve_process
+from tests.interceptor.serve_process import ServeProcess
 from tests.invariants import assert_token_exact
 
 TEST_TIMEOUT_S = 120.0  # a bound on every wait below; each test takes a few seconds
@@ -68,21 +67,9 @@ def ids_by_worker(rollouts: list[dict], status: dict) -> list[set[str]]:
 
 
 @pytest.fixture
-def record_path(tmp_path) -> Path:
-    return tmp_path / "rollouts.jsonl"
-
-
-@pytest.fixture
-def launch(scripted, tiny_model_dir, tmp_path, record_path):
-    return functools.partial(
-        serve_process,
-        upstream_url=scripted.url,
-        model_dir=tiny_model_dir,
-        record_path=record_path,
-        workdir=tmp_path,
-        admin_token=secrets.token_urlsafe(24),
-        workers=WORKERS,
-    )
+def launch(launch):
+    """The conftest's `launch`, with the workers."""
+    return functools.partial(launch, workers=WORKERS)
 
 
 async def test_rollouts_are_shared_between_workers_and_each_worker_records_its_own(scripted, launch, record_path):
