@@ -27,7 +27,7 @@ import aiohttp  # noqa: E402
 import orjson  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from bench.bench_server import InstantUpstream  # noqa: E402
+from bench.bench_server import InstantUpstream, model_or_tiny  # noqa: E402
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
@@ -102,11 +102,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=16_000)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    model = args.model
-    if model is None:
-        from trainer.tiny_model import TinyModelSpec, make_tiny_model
-
-        model = str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny", TinyModelSpec(real_vocab=True)))
+    model = model_or_tiny(args.model)
     results = asyncio.run(measure(model, args.tokens))
     for key, value in results.items():
         print(f"{key:>32}: {value}")

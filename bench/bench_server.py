@@ -72,6 +72,15 @@ class InstantUpstream:
                             content_type="application/json")
 
 
+def model_or_tiny(model: str | None) -> str:
+    """`model`, or a tiny model with the real Qwen vocabulary built in a temp dir (what the benchmarks default to)."""
+    if model is not None:
+        return model
+    from trainer.tiny_model import TinyModelSpec, make_tiny_model
+
+    return str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny", TinyModelSpec(real_vocab=True)))
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -149,11 +158,7 @@ async def throughput(server: InterceptionServer, http: aiohttp.ClientSession, ro
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    model = args.model
-    if model is None:
-        from trainer.tiny_model import TinyModelSpec, make_tiny_model
-
-        model = str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny", TinyModelSpec(real_vocab=True)))
+    model = model_or_tiny(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     filler = tokenizer.encode(" the", add_special_tokens=False)[0]
     results: dict = {}

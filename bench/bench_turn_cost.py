@@ -15,12 +15,12 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_server import model_or_tiny  # noqa: E402
 from interceptor.rendering import Renderer, RendererConfig  # noqa: E402
 from interceptor.records import Generation  # noqa: E402
 from interceptor.trajectory import Trajectory  # noqa: E402
@@ -108,11 +108,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    model = args.model
-    if model is None:
-        from trainer.tiny_model import TinyModelSpec, make_tiny_model
-
-        model = str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny", TinyModelSpec(real_vocab=True)))
+    model = model_or_tiny(args.model)
     renderer = Renderer(RendererConfig(model_dir=Path(model)))
     checkpoints = {1, 2, 64, args.turns}
     results = build_loop(renderer, args.turns, checkpoints, args.repeats)
