@@ -86,7 +86,7 @@ async def measure(model: str, tokens: int) -> dict:
             rollout = server.registry.get(handle.id)
             recorded = rollout.trajectory.recorded_tokens()
             storage = sum(len(b.ids_json) + 4 * len(b.sampled_logprobs) for b in rollout.trajectory._branches)
-            caches = sum(len(s.raw) for c in rollout.body_caches.values() for s in c._states)
+            caches = sum(len(s.tail) + 48 * len(s.prefixes) for c in rollout.body_caches.values() for s in c._states)
             tracemalloc.stop()
             await server.finish_rollout(handle.id)
     total = after - before

@@ -3,6 +3,7 @@ parsing only the bytes after the history it shares with them."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import orjson
@@ -58,6 +59,39 @@ def test_a_rewritten_message_reuses_only_the_messages_before_it():
     parsed = cache.read(body(edited))
     assert parsed.reused == 3
     assert parsed.body == orjson.loads(body(edited))
+
+
+def test_a_message_rewritten_before_the_last_boundaries_kept_is_read_whole():
+    cache = BodyCache()
+    history = conversation(10)
+    cache.keep(cache.read(body(history)), "first")
+    edited = [*history[:3], {"role": "assistant", "content": "compacted"}, *history[4:]]
+    parsed = cache.read(body(edited))
+    assert parsed.reused == 0 and parsed.previous is None
+    assert parsed.body == orjson.loads(body(edited))
+
+
+def test_the_cache_holds_no_bytes_of_the_history_only_the_parsed_messages():
+    """The message text is held once: a kept body leaves its digests and the bytes after its array behind."""
+    cache = BodyCache()
+    history = conversation(50, text="a long tool result " * 40)
+    raw = body(history)
+    cache.keep(cache.read(raw), "first")
+    raw = body(history + [{"role": "user", "content": "next"}])
+    cache.keep(cache.read(raw), "second")
+    held, seen, stack = 0, set(), [cache]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, int, float, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            held += len(obj)
+            continue
+        stack.extend(gc.get_referents(obj))
+    tail = len(raw) - raw.rindex(b"]", 0, raw.index(b'"tools"'))
+    assert held < 2 * (tail + 16 * 8 + 64), held  # two bodies kept: each its tail and its digests
+    assert len(raw) > 40_000
 
 
 def test_changed_fields_after_the_history_are_read_anew():
