@@ -21,11 +21,12 @@ from dataclasses import dataclass, replace
 
 import orjson
 
+from .digests import digest
 from .errors import BadRequest
 
 __all__ = [
     "ChatRequest", "continue_chat_request", "ensure_serialisable", "normalize_messages", "number_field", "parse_chat_request", "parse_json_body",
-    "positive_int", "typed_field",
+    "positive_int", "tools_key", "typed_field",
 ]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -36,7 +37,7 @@ class ChatRequest:
     model: str
     messages: list[dict]
     tools: list[dict] | None
-    tools_key: bytes  # the tool list serialised with sorted keys (b"" for none): what branches compare
+    tools_key: bytes  # `tools_key(tools)`: what branches compare
     tool_choice: str  # auto | none
     parallel_tool_calls: bool
     stream: bool
@@ -123,7 +124,7 @@ def parse_chat_request(body: dict, *, relayed: bool = False) -> ChatRequest:
         model=typed_field(body, "model", str, default=""),
         messages=normalize_messages(body.get("messages")),
         tools=tools,
-        tools_key=_tools_key(tools),
+        tools_key=tools_key(tools),
         tool_choice="auto" if relayed else _tool_choice(body.get("tool_choice")),
         parallel_tool_calls=typed_field(body, "parallel_tool_calls", bool, default=True),
         stream=typed_field(body, "stream", bool, default=False),
@@ -181,9 +182,10 @@ def _tool_choice(value: object) -> str:
     raise BadRequest("tool_choice must be 'auto' or 'none'", param="tool_choice")
 
 
-def _tools_key(tools: list[dict] | None) -> bytes:
+def tools_key(tools: list[dict] | None) -> bytes:
+    """What identifies a tool list whatever the order of its keys: the digest of its sorted-keys JSON (b"" for none)."""
     try:
-        return orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b""
+        return digest(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)) if tools else b""
     except orjson.JSONEncodeError as exc:
         raise BadRequest(f"tools cannot be serialised: {exc}", param="tools") from exc
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from .branch_record import BranchRecord, build_samples
+from .protocol import tools_key
 from .records import Generation, SampleRecord, TurnRecord
 from .rendering import Renderer
 
@@ -119,10 +120,6 @@ def _canonical_arguments(arguments: str) -> str:
         return orjson.dumps(json.loads(arguments), option=orjson.OPT_SORT_KEYS).decode()
     except (ValueError, TypeError):
         return arguments
-
-
-def tools_key(tools: list[dict] | None) -> bytes:
-    return orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b""
 
 
 class Trajectory:

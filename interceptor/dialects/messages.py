@@ -41,7 +41,7 @@ import orjson
 from aiohttp import web
 
 from ..errors import ApiError, BadRequest, ContextLengthExceeded, UpstreamUnavailable
-from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int
+from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int, tools_key
 from ..rollouts import TurnResult
 
 __all__ = ["MESSAGES", "MessagesDialect"]
@@ -127,7 +127,7 @@ class MessagesDialect:
         ensure_serialisable(tools, "tools")
         return ChatRequest(
             model=model, messages=messages, tools=tools, history_ends=ends,
-            tools_key=orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b"",
+            tools_key=tools_key(tools),
             tool_choice="auto", parallel_tool_calls=True, stream=False, include_usage=True, max_tokens=None,
             temperature=None, top_p=None, top_k=None, seed=None, logprobs=False, top_logprobs=0,
         )  # fmt: skip

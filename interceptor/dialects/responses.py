@@ -41,7 +41,9 @@ import orjson
 from aiohttp import web
 
 from ..errors import ApiError, BadRequest, error_body
-from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int, typed_field
+from ..protocol import (
+    ChatRequest, ensure_serialisable, number_field, positive_int, tools_key, typed_field,
+)
 from ..rollouts import TurnResult
 from .responses_input import convert_items, input_messages, tool_choice
 from .responses_input import tools as tools_of
@@ -117,7 +119,7 @@ class ResponsesDialect:
             model=typed_field(body, "model", str, default=""),
             messages=messages,
             tools=tools,
-            tools_key=orjson.dumps(tools, option=orjson.OPT_SORT_KEYS) if tools else b"",
+            tools_key=tools_key(tools),
             tool_choice="auto" if relayed else tool_choice(body.get("tool_choice")),
             parallel_tool_calls=True if relayed else typed_field(body, "parallel_tool_calls", bool, default=True),
             stream=typed_field(body, "stream", bool, default=False),
