@@ -1,6 +1,6 @@
 """Memory an idle rollout holds, per recorded token, in `interception_gate` mode.
 
-    python bench/bench_rollout_memory.py [--tokens 16000] [--model DIR] [--json OUT]
+    python bench/bench_rollout_memory.py [--tokens 16000] [--rollouts 1] [--model DIR] [--json OUT]
 
 One process runs an instant fake upstream and the server (recording, with its journal), warms it with a finished
 rollout, then drives one rollout through a tool loop (10 tools, tool results of ~1.5 kB of code-like text, as the
@@ -8,6 +8,11 @@ openai SDK would send them) until it has recorded `--tokens` tokens. With the ro
 while its agent runs a tool), Python's heap is measured with tracemalloc after a full collection, before and
 after; the difference over the recorded tokens is the figure. What it holds is then broken down: the branches'
 token storage, the rollout's request-body cache, and everything else (messages, trace, events).
+
+With `--rollouts N`, N rollouts are driven one after the other and left idle together, and the figure is the
+heap difference over all their tokens: what the process holds that does not belong to one rollout (the event
+loop's cancelled timers, which asyncio purges in bulk, the tokenizer's and orjson's caches) is then shared, as it
+is among a server's many idle rollouts.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def held() -> int:
     return tracemalloc.get_traced_memory()[0]
 
 
-async def measure(model: str, tokens: int) -> dict:
+async def measure(model: str, tokens: int, rollouts: int = 1) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model)
     filler = tokenizer.encode(" the", add_special_tokens=False)[0]
     async with InstantUpstream(filler, tokenizer.eos_token_id, max_model_len=400_000) as upstream:
@@ -77,20 +82,24 @@ async def measure(model: str, tokens: int) -> dict:
             await upstream.reset_connections()
             tracemalloc.start()
             before = held()
-            handle = server.open_rollout()
-            async with aiohttp.ClientSession() as http:  # closed before measuring: connections are not the rollout's
-                await drive(handle.base_url, handle.secret, http, server, handle.id, tokens)
+            handles = [server.open_rollout() for _ in range(rollouts)]
+            for handle in handles:
+                async with aiohttp.ClientSession() as http:  # closed before measuring: not the rollout's
+                    await drive(handle.base_url, handle.secret, http, server, handle.id, tokens)
             await asyncio.sleep(0.1)
             await upstream.reset_connections()  # nor are the upstream's buffers (it runs in this process)
             after = held()
-            rollout = server.registry.get(handle.id)
-            recorded = rollout.trajectory.recorded_tokens()
-            storage = sum(len(b.ids_json) + 4 * len(b.sampled_logprobs) for b in rollout.trajectory._branches)
-            caches = sum(len(s.tail) + 48 * len(s.prefixes) for c in rollout.body_caches.values() for s in c._states)
+            idle = [server.registry.get(handle.id) for handle in handles]
+            recorded = sum(rollout.trajectory.recorded_tokens() for rollout in idle)
+            storage = sum(len(b.ids_json) + 4 * len(b.sampled_logprobs)
+                          for rollout in idle for b in rollout.trajectory._branches)
+            caches = sum(48 * len(s.prefixes) + 24 for rollout in idle for c in rollout.body_caches.values()
+                         for s in c._states)
             tracemalloc.stop()
-            await server.finish_rollout(handle.id)
+            for handle in handles:
+                await server.finish_rollout(handle.id)
     total = after - before
-    return {"recorded_tokens": recorded, "bytes_held": total, "bytes_per_token": round(total / recorded, 2),
+    return {"rollouts": rollouts, "recorded_tokens": recorded, "bytes_held": total, "bytes_per_token": round(total / recorded, 2),
             "token_storage_bytes_per_token": round(storage / recorded, 2),
             "cached_body_bytes_per_token": round(caches / recorded, 2),
             "other_bytes_per_token": round((total - storage - caches) / recorded, 2)}
@@ -99,11 +108,12 @@ async def measure(model: str, tokens: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: the tiny model with the real Qwen vocabulary)")
-    parser.add_argument("--tokens", type=int, default=16_000)
+    parser.add_argument("--tokens", type=int, default=16_000, help="tokens each rollout records")
+    parser.add_argument("--rollouts", type=int, default=1, help="idle rollouts measured together")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     model = model_or_tiny(args.model)
-    results = asyncio.run(measure(model, args.tokens))
+    results = asyncio.run(measure(model, args.tokens, args.rollouts))
     for key, value in results.items():
         print(f"{key:>32}: {value}")
     if args.json:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import orjson
 
 from .digests import digest, hasher
+from .shared_values import share
 
 __all__ = ["BodyCache", "ParsedBody"]
 
@@ -86,7 +87,7 @@ class ParsedBody:
 class BodyCache:
     def __init__(self, key: str = "messages") -> None:
         self._key = key
-        self._key_token = orjson.dumps(key)
+        self._key_token = b'"%s"' % key.encode()  # (orjson.dumps returns a 4 KB buffer for it, kept per rollout)
         self._states: list[_State] = []  # most recent first
 
     def read(self, raw: bytes) -> ParsedBody:
@@ -125,6 +126,9 @@ class BodyCache:
         body = orjson.loads(raw)
         state = None
         if isinstance(body, dict) and isinstance(body.get(self._key), list):
+            for field, value in body.items():  # the tools and system prompt every rollout of an agent sends
+                if field != self._key:
+                    body[field] = share(value)
             state = self._state_of_whole(raw, body)
         fingerprint = _fingerprint(raw, state)
         return ParsedBody(body=body, reused=0, same_rest=False, previous=None, fingerprint=fingerprint, _state=state)
@@ -139,6 +143,7 @@ class BodyCache:
             return None  # not a plain array of objects, or the key again after it: nothing to gain, parse whole
         head = orjson.loads(raw[:key_at] + self._key_token + b":0}")
         head.pop(self._key)
+        head = {field: body[field] for field in head}  # the same (shared) objects as the body's
         rest = {k: v for k, v in body.items() if k != self._key}
         return _State(prefixes=_prefixes(raw, layout.ends), tail=_tail(raw, layout.close), layout=layout,
                       elements=elements, head=head, rest=rest, chain=_chain(raw, layout))

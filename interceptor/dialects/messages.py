@@ -43,6 +43,7 @@ from aiohttp import web
 from ..errors import ApiError, BadRequest, ContextLengthExceeded, UpstreamUnavailable
 from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int, tools_key
 from ..rollouts import TurnResult
+from ..shared_values import share
 
 __all__ = ["MESSAGES", "MessagesDialect"]
 
@@ -122,8 +123,8 @@ class MessagesDialect:
         if not isinstance(elements, list) or not elements:
             raise BadRequest("messages must be a non-empty list", param="messages")
         converted, ends = _messages(elements, start=0, offset=len(system))
-        messages = system + converted
-        tools = _tools(body.get("tools"), relayed=relayed)
+        messages = [share(m) for m in system] + converted
+        tools = share(_tools(body.get("tools"), relayed=relayed))
         ensure_serialisable(tools, "tools")
         return ChatRequest(
             model=model, messages=messages, tools=tools, history_ends=ends,

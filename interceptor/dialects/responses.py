@@ -45,6 +45,7 @@ from ..protocol import (
     ChatRequest, ensure_serialisable, number_field, positive_int, tools_key, typed_field,
 )
 from ..rollouts import TurnResult
+from ..shared_values import share
 from .responses_input import convert_items, input_messages, tool_choice
 from .responses_input import tools as tools_of
 
@@ -104,7 +105,7 @@ class ResponsesDialect:
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise BadRequest("instructions must be a string", param="instructions")
-        system = [{"role": "system", "content": instructions}] if instructions else []
+        system = [share({"role": "system", "content": instructions})] if instructions else []
         items = body.get("input")
         if isinstance(items, list) and items:
             converted, history_ends = convert_items(items, start=0, offset=len(system))
@@ -113,7 +114,7 @@ class ResponsesDialect:
         else:
             converted, history_ends = input_messages(items), ()
         messages = system + converted
-        tools = tools_of(body.get("tools"), relayed=relayed)
+        tools = share(tools_of(body.get("tools"), relayed=relayed))
         ensure_serialisable(tools, "tools")
         return ChatRequest(
             model=typed_field(body, "model", str, default=""),
