@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -268,6 +269,7 @@ def parse_generation(body: object, *, model: str, vocab_size: int, top_logprobs:
         raise _Retryable("aborted the generation")
     if finish_reason not in ("stop", "length"):
         raise UpstreamError(f"the policy server returned an unknown finish_reason {str(finish_reason)[:50]!r}")
+    finish_reason = "stop" if finish_reason == "stop" else "length"  # the literal, not the reply's copy (kept per turn)
     if not isinstance(token_ids, list) or not isinstance(token_logprobs, list):
         raise UpstreamError("the policy server's token_ids and token_logprobs must be lists")
     if len(token_ids) != len(token_logprobs):
@@ -289,8 +291,8 @@ def parse_generation(body: object, *, model: str, vocab_size: int, top_logprobs:
     return Generation(
         token_ids=token_ids,
         logprobs=[float(lp) for lp in token_logprobs],
-        finish_reason=finish_reason,
-        model=answered_model if isinstance(answered_model, str) else model,
+        finish_reason=finish_reason,  # one of two literals (checked above): the same objects in every turn
+        model=sys.intern(answered_model) if isinstance(answered_model, str) and len(answered_model) < 256 else model,
         seconds=seconds,
         top_logprobs=tops,
     )
