@@ -5,8 +5,9 @@ render and one tokenization serve them all. A render in progress is awaited by t
 (never done twice), and a large one runs in a worker thread, where its tokenization (one batch call over chunks,
 `Renderer.encode`) releases the GIL, so the other rollouts go on.
 
-The key is the normalised messages and tool list as bytes (orjson, in C): equality of the whole key, not a hash of
-it, so two conversations never share ids by accident. Kept renders are bounded by their total token count.
+The key is the digest of the normalised messages as JSON (orjson, in C) and the tool list's key (`digests.py`: two
+conversations share ids by accident with a chance of 2^-128), so a kept render holds its ids and 32 bytes of key.
+Kept renders are bounded by their total token count.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import OrderedDict
 
 import orjson
 
+from .digests import digest
 from .rendering import Renderer
 
 __all__ = ["SharedRenders"]
@@ -34,7 +36,7 @@ class SharedRenders:
     async def render_full(self, messages: list[dict], tools: list[dict] | None, tools_key: bytes, *,
                           off_loop: bool) -> list[int]:
         """The ids of `messages` rendered with `tools` and a generation prompt (a fresh list each call)."""
-        key = b"%d:" % len(tools_key) + tools_key + orjson.dumps(messages)
+        key = digest(orjson.dumps(messages)) + tools_key
         kept = self._kept.get(key)
         if kept is not None:
             self._kept.move_to_end(key)
