@@ -107,7 +107,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --tool-calling: training steps (default: the embedded default's); fewer make a weaker policy",
     )
 
-    engine = command("engine", _engine, "serve a local CPU policy with vLLM's /v1/completions contract")
+    engine = command("engine", _engine, "serve a local policy (CPU or a CUDA GPU) with vLLM's /v1/completions API")
     engine.add_argument("--model", required=True, help="a transformers model directory")
     engine.add_argument("--host", default="127.0.0.1")
     engine.add_argument("--port", type=int, default=8000)
@@ -118,6 +118,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--max-batch-size", type=int, default=8)
     engine.add_argument("--threads", type=int, default=1, help="torch threads for generation")
+    engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (vLLM's --device)")
+    engine.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="the weights' dtype (vLLM's --dtype)")
 
     serve = command("serve", _serve, "run the interception server in front of a policy server")
     serve.add_argument("--upstream", required=True, help="base URL of vLLM or the local engine (or an OpenAI API)")

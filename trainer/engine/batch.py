@@ -33,7 +33,9 @@ def prefill(model: PreTrainedModel, prompt_ids: Sequence[int]) -> tuple[torch.Te
     `next_token_logits`, or a chunk of positions at a time for prompt logprobs, so that the full [P, vocabulary]
     logits never exist (7k positions x 151k tokens x 4 bytes = 4.3 GB per copy)."""
     cache = DynamicCache()
-    output = model.get_decoder()(input_ids=torch.tensor([list(prompt_ids)]), past_key_values=cache, use_cache=True)
+    output = model.get_decoder()(
+        input_ids=torch.tensor([list(prompt_ids)], device=model.device), past_key_values=cache, use_cache=True
+    )
     return output.last_hidden_state, cache
 
 
@@ -48,14 +50,15 @@ class DecodeBatch(Generic[Row]):
         self.rows: list[Row] = []
         self._positions: list[int] = []  # per row: tokens in its cache, i.e. the position of its next input token
         self._cache: DynamicCache | None = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._device = model.device
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self._device)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def add(self, row: Row, cache: DynamicCache, length: int) -> None:
         """Add a row whose cache holds `length` tokens (its prompt)."""
-        row_mask = torch.ones(1, length, dtype=torch.long)
+        row_mask = torch.ones(1, length, dtype=torch.long, device=self._device)
         if self._cache is None:
             self._cache, self._mask = cache, row_mask
         else:
@@ -82,9 +85,9 @@ class DecodeBatch(Generic[Row]):
         self.rows = [self.rows[i] for i in keep]
         self._positions = [self._positions[i] for i in keep]
         if not keep:
-            self._cache, self._mask = None, torch.zeros(0, 0, dtype=torch.long)
+            self._cache, self._mask = None, torch.zeros(0, 0, dtype=torch.long, device=self._device)
             return
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self._device)
         mask = self._mask[index]
         start = int(mask.any(dim=0).nonzero()[0])  # columns before this are padding in every remaining row
         self._mask = mask[:, start:]
@@ -95,10 +98,10 @@ class DecodeBatch(Generic[Row]):
     def step(self, input_ids: Sequence[int]) -> torch.Tensor:
         """Feed each row its next token (in row order); return the next-token logits [B, V]."""
         batch = len(self.rows)
-        self._mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+        self._mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=torch.long, device=self._device)], dim=1)
         output = self._model(
-            input_ids=torch.tensor(list(input_ids)).unsqueeze(1),
-            position_ids=torch.tensor(self._positions).unsqueeze(1),
+            input_ids=torch.tensor(list(input_ids), device=self._device).unsqueeze(1),
+            position_ids=torch.tensor(self._positions, device=self._device).unsqueeze(1),
             attention_mask=self._mask,
             past_key_values=self._cache,
             use_cache=True,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["EngineConfig", "LogprobsMode"]
+__all__ = ["DTYPES", "EngineConfig", "LogprobsMode"]
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 _LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +30,8 @@ class EngineConfig:
     # vocabulary 256 positions make ~155 MB per [positions, vocabulary] tensor, where a 7k-token prompt at once
     # took ~17 GB. Results do not depend on it, down to a few rows (a one-row product rounds differently).
     prompt_logprobs_chunk: int = 256
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N" (vLLM's --device); a CUDA device must exist when it starts
+    dtype: str = "float32"  # the weights' dtype (vLLM's --dtype); logits are taken in float32 whatever it is
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
@@ -45,6 +49,10 @@ class EngineConfig:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}")
+        if self.device != "cpu" and re.fullmatch(r"cuda(:\d+)?", self.device) is None:
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.prompt_logprobs_chunk < 1:
             raise ValueError(f"prompt_logprobs_chunk must be at least 1, got {self.prompt_logprobs_chunk}")
 

@@ -30,7 +30,9 @@ class EngineCore:
         self._worker: Worker | None = None
 
     async def __aenter__(self) -> EngineCore:
-        policy = await asyncio.to_thread(load_policy, self.config.model)
+        policy = await asyncio.to_thread(
+            load_policy, self.config.model, device=self.config.device, dtype=self.config.dtype
+        )
         limit = policy.max_position_embeddings
         if self.config.max_model_len is not None and self.config.max_model_len > limit:
             raise ValueError(

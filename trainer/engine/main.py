@@ -25,6 +25,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         logprobs_mode=args.logprobs_mode,
         max_batch_size=args.max_batch_size,
         threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
     )
 
 
@@ -46,8 +48,9 @@ async def _serve(config: EngineConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with LocalEngine(config) as engine:
         log.info(
-            "serving %s (max_model_len %d, %s) at %s/v1",
-            engine.model_name, engine.core.max_model_len, config.logprobs_mode, engine.base_url,
+            "serving %s (max_model_len %d, %s, %s on %s) at %s/v1",
+            engine.model_name, engine.core.max_model_len, config.logprobs_mode, config.dtype, config.device,
+            engine.base_url,
         )
         await stop.wait()
         log.info("stopping")

@@ -38,9 +38,15 @@ class PolicyModel:
     default_sampling: dict[str, float | int]
 
 
-def load_policy(path: Path) -> PolicyModel:
-    """Load a transformers causal LM directory in float32 on CPU, in eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+def load_policy(path: Path, *, device: str = "cpu", dtype: str = "float32") -> PolicyModel:
+    """Load a transformers causal LM directory on `device` with `dtype` weights, in eval mode."""
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            found = torch.cuda.device_count() if torch.cuda.is_available() else "no"
+            raise ValueError(f"device {device!r} asked for, but torch sees {found} CUDA device(s) "
+                             f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device)
     model.eval()
     config = model.config.get_text_config(decoder=True)
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])

@@ -95,21 +95,23 @@ def sample_next(
     random_rows = [i for i, row in enumerate(rows) if not row.greedy]
     if not random_rows:
         return tokens, logprobs
-    index = torch.tensor(random_rows)
-    scaled = logits[index] / torch.tensor([rows[i].temperature for i in random_rows]).unsqueeze(1)
+    device = logits.device
+    index = torch.tensor(random_rows, device=device)
+    scaled = logits[index] / torch.tensor([rows[i].temperature for i in random_rows], device=device).unsqueeze(1)
     top_k = [rows[i].top_k for i in random_rows]
     top_p = [rows[i].top_p for i in random_rows]
     vocab = logits.shape[-1]
     masked = apply_top_k_top_p(
         scaled,
-        None if not any(top_k) else torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k]),
-        None if all(p >= 1.0 for p in top_p) else torch.tensor(top_p),
+        None if not any(top_k) else torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=device),
+        None if all(p >= 1.0 for p in top_p) else torch.tensor(top_p, device=device),
     )
     probs = masked.softmax(dim=-1)
-    noise = torch.empty_like(probs)
+    # The noise comes from each row's CPU generator whatever the device, so a seed samples alike on CPU and CUDA.
+    noise = torch.empty(probs.shape, dtype=probs.dtype)
     for j, i in enumerate(random_rows):
         noise[j].exponential_(generator=rows[i].generator)
-    tokens[index] = probs.div_(noise).argmax(dim=-1)
+    tokens[index] = probs.div_(noise.to(device)).argmax(dim=-1)
     if processed:
         logprobs[index] = masked.log_softmax(dim=-1)
     return tokens, logprobs
@@ -124,7 +126,7 @@ def _apply_processors(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torc
     for i in changed:
         if rows[i].logit_bias:
             ids, biases = zip(*rows[i].logit_bias, strict=True)
-            logits[i, list(ids)] += torch.tensor(biases)
+            logits[i, list(ids)] += torch.tensor(biases, device=logits.device)
         if rows[i].banned:
             logits[i, list(rows[i].banned)] = float("-inf")
     return logits

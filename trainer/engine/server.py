@@ -49,6 +49,7 @@ def build_app(core: EngineCore) -> web.Application:
     app[STARTED_AT] = int(time.time())
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/server_info", _server_info)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)
     app.router.add_post("/pause", _pause)
@@ -112,6 +113,15 @@ def _json(obj: object) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     return web.Response(status=200)
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    """The part of vLLM's `/server_info?config_format=json` (a dev-mode endpoint) that clients read: the model's
+    dtype (TRL's `VLLMClient.get_dtype`, `trainer.precision`) and the device."""
+    config = request.app[CORE].config
+    return _json({"vllm_config": {"model_config": {"model": str(config.model), "dtype": f"torch.{config.dtype}",
+                                                   "max_model_len": request.app[CORE].max_model_len},
+                                  "device_config": {"device": config.device}}})
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -256,9 +256,10 @@ class Worker:
         model = self._policy.model
         hidden, cache = prefill(model, request.prompt_ids)
         if request.params.prompt_logprobs is not None:
+            targets = torch.tensor(request.prompt_ids[1:], device=hidden.device)
             entries = prompt_logprobs(
-                model.get_output_embeddings(), hidden[0, :-1], torch.tensor(request.prompt_ids[1:]),
-                request.params.prompt_logprobs, chunk=self._prompt_logprobs_chunk,
+                model.get_output_embeddings(), hidden[0, :-1], targets, request.params.prompt_logprobs,
+                chunk=self._prompt_logprobs_chunk,
             )
             self._outbox.append((seq.stream, PromptLogprobs((None, *entries))))
         if not self._sample([seq], next_token_logits(model, hidden)):
@@ -280,7 +281,7 @@ class Worker:
         if logprobs is not None:
             picked = [i for i, n in enumerate(wanted) if n is not None]
             most = -1 if any(wanted[i] < 0 for i in picked) else max(wanted[i] for i in picked)
-            index = torch.tensor(picked)
+            index = torch.tensor(picked, device=logprobs.device)
             for i, record in zip(picked, gather_logprobs(logprobs[index], tokens[index], most), strict=True):
                 records[i] = record if wanted[i] < 0 else replace(record, top=record.top[: wanted[i]])
         finished = []
