@@ -20,9 +20,15 @@ The config file is TOML; every key is optional except `tasks`:
     learning_rate = 1e-4
     max_staleness = 2
     concurrency = 4
+    attention = "auto"              # auto | fa3 | torch: TRL's FA3 kernel where it loads, else torch (trl_compat.py)
+    dtype = "auto"                  # auto | float32 | bfloat16 | float16: bf16 on a CUDA GPU, fp32 on CPU
+    allow_dtype_mismatch = false    # train even when the generator serves another dtype (precision.py)
+    device = "auto"                 # the local engine's device: auto (cuda when present) | cpu | cuda | cuda:N
 
 The trainer's loop runs in a worker thread; this process's event loop keeps serving the engine, the interception
-server and the agents. Per step it prints the metrics, appends them to `OUT/metrics.jsonl`, and at the end plots
+server and the agents. At start it writes what it runs with to `OUT/setup.json` (attention and why, the trainer's
+and the generator's dtype). Per step it prints the metrics (among them `logprob_gap/mean`: how far the trainer's
+logprobs of the sampled tokens are from the generator's), appends them to `OUT/metrics.jsonl`, and at the end plots
 the mean reward per step to `OUT/reward.png` (matplotlib, when installed). trackio is used when installed.
 """
 
@@ -59,6 +65,10 @@ class TrainConfig:
     max_staleness: int = 2
     concurrency: int = 4
     seed: int = 0
+    attention: str = "auto"
+    dtype: str = "auto"
+    allow_dtype_mismatch: bool = False
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("tasks", "model", "out"):
@@ -67,6 +77,15 @@ class TrainConfig:
             raise ValueError(f"agent must be pi, opencode or command, not {self.agent!r}")
         if self.max_steps < 1 or self.num_generations < 2 or self.samples_per_step < 1:
             raise ValueError("max_steps >= 1, num_generations >= 2 and samples_per_step >= 1 are needed")
+        from .precision import DTYPES
+        from .trl_compat import ATTENTION_CHOICES
+
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {self.attention!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
 
     @classmethod
     def load(cls, path: Path | str) -> TrainConfig:
@@ -115,7 +134,8 @@ def _log_callback(metrics_path: Path, rewards: dict[int, float]):
                 rewards[state.global_step] = float(reward)  # the last log of a step wins
             with open(metrics_path, "a") as f:
                 f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
-            shown = {k: logs[k] for k in ("loss", "rollouts/reward_mean", "rollouts/reward_std", "ratio") if k in logs}
+            keys = ("loss", "rollouts/reward_mean", "rollouts/reward_std", "ratio", "logprob_gap/mean")
+            shown = {k: logs[k] for k in keys if isinstance(logs.get(k), (int, float))}
             print(f"step {state.global_step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()), flush=True)
 
     return PrintMetrics()
@@ -131,16 +151,20 @@ async def train(config: TrainConfig) -> TrainResult:
     from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
 
     from .advantages import GroupFilter
-    from .cpu_compat import CPU_CONFIG, apply_cpu_compat
     from .engine import EngineConfig, LocalEngine
     from .local_model import ensure_local_model
+    from .logprob_gap import with_logprob_gap
+    from .precision import DtypeMismatch, dtype_mismatch, generator_dtype, trainer_dtype
+    from .trl_compat import CPU_CONFIG, apply_trl_compat, resolve_attention
     from .weight_sync import GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer
     from .worker import InterceptorRolloutWorker, WorkerConfig
 
     started = time.perf_counter()
     on_cpu = not torch.cuda.is_available()
-    if on_cpu:
-        apply_cpu_compat()
+    attention = resolve_attention(config.attention)
+    apply_trl_compat(attention)
+    dtype = trainer_dtype(config.dtype)
+    device = ("cpu" if on_cpu else "cuda") if config.device == "auto" else config.device
     config.out.mkdir(parents=True, exist_ok=True)
     metrics_path = config.out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
@@ -151,11 +175,23 @@ async def train(config: TrainConfig) -> TrainResult:
         if config.upstream == "local":
             model_dir = await asyncio.to_thread(ensure_local_model, config.model)
             engine = await stack.enter_async_context(
-                LocalEngine(EngineConfig(model=model_dir, port=0, served_model_name="policy", seed=config.seed))
+                LocalEngine(EngineConfig(model=model_dir, port=0, served_model_name="policy", seed=config.seed,
+                                         device=device, dtype=dtype))
             )
             upstream_url = engine.base_url
         else:
             model_dir, upstream_url = config.model, config.upstream
+        served = await generator_dtype(upstream_url)
+        mismatch = dtype_mismatch(dtype, served)
+        setup = {"attention": attention.name, "attention_reason": attention.reason, "trainer_dtype": dtype,
+                 "generator_dtype": served, "dtype_mismatch": mismatch, "engine_device": device if engine else None}
+        (config.out / "setup.json").write_text(json.dumps(setup, indent=2) + "\n")
+        print(f"attention: {attention.reason}; dtype: trainer {dtype}, generator {served or 'not reported'}",
+              flush=True)
+        if mismatch and not config.allow_dtype_mismatch:
+            raise DtypeMismatch(mismatch + " (or set allow_dtype_mismatch = true)")
+        if mismatch:
+            print(f"warning: {mismatch}", flush=True)
         server = await stack.enter_async_context(
             InterceptionServer(
                 ServerConfig(
@@ -192,7 +228,8 @@ async def train(config: TrainConfig) -> TrainResult:
         transfer = GatedTransfer(inner, gate=server, loop=loop)
         report_to = "trackio" if _installed("trackio") else "none"
         args = AsyncGRPOConfig(
-            **(CPU_CONFIG if on_cpu else {}),
+            **(CPU_CONFIG if on_cpu else {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}),
+            dtype=dtype,
             output_dir=str(config.out / "trainer"),
             max_steps=config.max_steps,
             per_device_train_batch_size=config.samples_per_step,
@@ -208,7 +245,7 @@ async def train(config: TrainConfig) -> TrainResult:
             seed=config.seed,
         )
         rewards: dict[int, float] = {}
-        trainer = AsyncGRPOTrainer(
+        trainer = with_logprob_gap(AsyncGRPOTrainer)(
             model=str(model_dir),
             args=args,
             train_dataset=Dataset.from_dict({"prompt": ["unused: the rollout worker owns the prompts"]}),

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from interceptor import read_records
 from trainer.train_main import TrainConfig, train
 
@@ -48,4 +50,27 @@ async def test_two_grpo_steps_on_cpu_update_the_served_policy(tiny_model_dir, tm
     # Which turns saw new weights depends on the machine's speed (a fast one generates every group before the
     # first sync); what holds everywhere: every turn is stamped with a version the engine really served.
     assert versions and all(1 <= v <= result.engine_weight_version for v in versions), versions
-    assert (config.out / "metrics.jsonl").read_text().count('"step"') >= 2
+    lines = [json.loads(line) for line in (config.out / "metrics.jsonl").read_text().splitlines()]
+    assert sum("step" in line for line in lines) >= 2
+    gaps = [line["logprob_gap/mean"] for line in lines if "logprob_gap/mean" in line]
+    assert gaps and all(0 <= gap < 1 for gap in gaps)  # logged every step: fp32 trainer and engine
+    setup = json.loads((config.out / "setup.json").read_text())
+    assert setup["attention"] == "torch" and "no CUDA device" in setup["attention_reason"]
+    assert setup["trainer_dtype"] == setup["generator_dtype"] == "float32" and setup["dtype_mismatch"] is None
+
+
+async def test_a_generator_serving_another_dtype_is_refused_before_training(tiny_model_dir, tmp_path):
+    from trainer.engine import EngineConfig, LocalEngine
+    from trainer.precision import DtypeMismatch
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t", "instruction": "Say anything.", "grader": {"kind": "command",
+                                                                                         "command": "true"}}) + "\n")
+    async with LocalEngine(EngineConfig(model=tiny_model_dir, port=0, dtype="bfloat16")) as engine:
+        config = TrainConfig(tasks=tasks, model=tiny_model_dir, upstream=engine.base_url, out=tmp_path / "run",
+                             dtype="float32")
+        with pytest.raises(DtypeMismatch, match="trainer holds the weights in float32 but the generator serves "
+                                                "bfloat16.*--dtype float32"):
+            await train(config)
+    setup = json.loads((config.out / "setup.json").read_text())
+    assert setup["generator_dtype"] == "bfloat16" and "bfloat16" in setup["dtype_mismatch"]

@@ -1,9 +1,10 @@
-"""TRL's AsyncGRPOTrainer trains on CPU-only torch with `trainer.cpu_compat`.
+"""TRL's AsyncGRPOTrainer trains on CPU-only torch with `trainer.trl_compat`, with the attention it resolves.
 
 The trainer gets the tiny model, a rollout worker whose queue is pre-filled with hand-made `RolloutSample`s (TRL's
 own class), and a transfer that records what it is asked. The samples' old logprobs come from a teacher-forced pass
-of the same weights, so the first step's importance ratio must be 1: that checks the CPU attention, the packing of
-shared prompts and the logprob alignment together.
+of the same weights, so the first step's importance ratio must be 1 and its logprob gap 0: that checks the torch
+varlen attention against the model's own attention over each path, the packing of shared prompts and the logprob
+alignment together.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import pytest
 import torch
 
 from tests.trainer.teacher_forcing import teacher_forced_logprobs
-from trainer.cpu_compat import CPU_CONFIG, apply_cpu_compat, varlen_attention
+from trainer.logprob_gap import with_logprob_gap
+from trainer.trl_compat import (
+    CPU_CONFIG, AttentionUnavailable, apply_trl_compat, resolve_attention, varlen_attention,
+)
 from trainer.weight_sync import LocalEngineTransfer
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
@@ -73,7 +77,7 @@ class RecordingTransfer:
         self.calls.append(("destroy",))
 
 
-def make_samples(model, rng: np.random.Generator) -> list:
+def make_samples(model, rng: np.random.Generator, *, shift: float = 0.0) -> list:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     samples = []
@@ -89,7 +93,7 @@ def make_samples(model, rng: np.random.Generator) -> list:
                 completion=[{"role": "assistant", "content": "..."}],
                 input_ids=np.array(prompt + completion, dtype=np.int64),
                 completion_mask=np.array(mask, dtype=np.int64),
-                old_log_probs=np.array([lp if m else 0.0 for lp, m in zip(logprobs, mask)], dtype=np.float32),
+                old_log_probs=np.array([lp + shift if m else 0.0 for lp, m in zip(logprobs, mask)], dtype=np.float32),
                 advantage=1.0 if index % 2 else -1.0,
                 model_version=0,
                 group_id=group,
@@ -115,7 +119,7 @@ def build_trainer(model_dir: Path, output_dir: Path, *, worker, transfer, callba
         save_strategy="no",
         disable_tqdm=True,
     )
-    return AsyncGRPOTrainer(
+    return with_logprob_gap(AsyncGRPOTrainer)(
         model=str(model_dir),
         args=args,
         # Required even with a custom worker; with `max_steps` set its rows are never read.
@@ -136,7 +140,7 @@ def initial_model(tiny_model_dir: Path):
 def test_async_grpo_trains_two_steps_on_cpu(tiny_model_dir: Path, initial_model, tmp_path: Path):
     from transformers import TrainerCallback
 
-    assert apply_cpu_compat()  # something to patch on CPU-only torch
+    assert apply_trl_compat(resolve_attention("auto"))  # something to patch on CPU-only torch
     worker = QueuedWorker(make_samples(initial_model, np.random.default_rng(0)))
     transfer = RecordingTransfer()
     logged: list[dict] = []
@@ -151,6 +155,7 @@ def test_async_grpo_trains_two_steps_on_cpu(tiny_model_dir: Path, initial_model,
     first_step = next(entry for entry in logged if "ratio" in entry)
     assert first_step["ratio"] == pytest.approx(1.0, abs=1e-5)
     assert abs(first_step["kl"]) < 1e-6
+    assert 0 <= first_step["logprob_gap/mean"] <= first_step["logprob_gap/max"] < 1e-5  # same weights, same dtype
 
     trained = dict(trainer.model.named_parameters())
     for name, before in initial_model.named_parameters():
@@ -165,7 +170,7 @@ def test_async_grpo_trains_two_steps_on_cpu(tiny_model_dir: Path, initial_model,
 async def test_training_on_a_thread_publishes_every_step_to_the_local_engine(
     tiny_model_dir: Path, initial_model, engine, tmp_path: Path
 ):
-    apply_cpu_compat()
+    apply_trl_compat()
     worker = QueuedWorker(make_samples(initial_model, np.random.default_rng(1)))
     transfer = LocalEngineTransfer(engine, loop=asyncio.get_running_loop())
     trainer = build_trainer(tiny_model_dir, tmp_path, worker=worker, transfer=transfer)
@@ -179,8 +184,65 @@ async def test_training_on_a_thread_publishes_every_step_to_the_local_engine(
         assert torch.equal(served[name], param.detach()), name
 
 
-def test_apply_cpu_compat_is_idempotent():
-    assert apply_cpu_compat() == apply_cpu_compat()
+def test_the_logprob_gap_reports_how_far_the_generators_logprobs_are(tiny_model_dir: Path, initial_model,
+                                                                     tmp_path: Path):
+    """Old logprobs 0.25 above the trainer's (as a generator in another precision would give): the gap says so."""
+    from transformers import TrainerCallback
+
+    apply_trl_compat()
+    worker = QueuedWorker(make_samples(initial_model, np.random.default_rng(2), shift=0.25))
+    logged: list[dict] = []
+
+    class KeepLogs(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logged.append(dict(logs or {}))
+
+    trainer = build_trainer(tiny_model_dir, tmp_path, worker=worker, transfer=RecordingTransfer(),
+                            callbacks=[KeepLogs()])
+    trainer.train()
+    first_step = next(entry for entry in logged if "logprob_gap/mean" in entry)
+    assert first_step["logprob_gap/mean"] == pytest.approx(0.25, abs=1e-4)
+    assert first_step["logprob_gap/max"] == pytest.approx(0.25, abs=1e-4)
+
+
+def test_apply_trl_compat_is_idempotent():
+    assert apply_trl_compat() == apply_trl_compat()
+
+
+def test_auto_attention_is_torch_on_a_machine_without_cuda():
+    attention = resolve_attention("auto")
+    assert attention.name == "torch" and "no CUDA device" in attention.reason
+    with pytest.raises(AttentionUnavailable, match="no CUDA device"):
+        resolve_attention("fa3")
+    assert resolve_attention("torch").name == "torch"
+    with pytest.raises(ValueError, match="attention must be one of"):
+        resolve_attention("flash")
+
+
+def test_auto_attention_is_torch_on_a_hopper_gpu_without_the_kernels_package(monkeypatch):
+    """What `auto` decides on an H100 whose environment lacks `kernels` (the GPU is simulated: only the decision)."""
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "kernels" else real_find_spec(name, *a))
+    attention = resolve_attention("auto")
+    assert attention.name == "torch" and "`kernels` package is not installed" in attention.reason
+    assert "interceptor[gpu]" in attention.reason
+    with pytest.raises(AttentionUnavailable, match="kernels"):
+        resolve_attention("fa3")
+
+
+def test_fa3_is_refused_on_a_gpu_older_than_hopper(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(AttentionUnavailable, match="A100.*not a Hopper GPU"):
+        resolve_attention("fa3")
+    assert resolve_attention("auto").name == "torch"
 
 
 def test_varlen_attention_matches_causal_attention_over_each_path():
@@ -202,3 +264,24 @@ def test_varlen_attention_matches_causal_attention_over_each_path():
 
     torch.testing.assert_close(out[:3], reference([0, 1, 2]))
     torch.testing.assert_close(out[3:], reference([0, 1, 2, 3, 4])[3:])
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+@pytest.mark.parametrize("window", [(-1, -1), (2, 0)])
+def test_varlen_attention_matches_an_explicit_softmax_with_windows_and_softcap(softcap, window):
+    torch.manual_seed(1)
+    heads, kv_heads, dim = 4, 2, 8
+    q, k, v = torch.randn(7, heads, dim), torch.randn(9, kv_heads, dim), torch.randn(9, kv_heads, dim)
+    cu_q, cu_k = torch.tensor([0, 4, 7]), torch.tensor([0, 4, 9])
+    out = varlen_attention(q, k, v, cu_q, cu_k, 4, 5, softmax_scale=0.3, window_size=window, softcap=softcap)
+    for (q0, q1), (k0, k1) in zip(((0, 4), (4, 7)), ((0, 4), (4, 9))):
+        qs = q[q0:q1].transpose(0, 1)
+        ks, vs = (x[k0:k1].transpose(0, 1).repeat_interleave(2, dim=0) for x in (k, v))
+        scores = qs @ ks.transpose(1, 2) * 0.3
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        diagonal = torch.arange(q1 - q0)[:, None] + (k1 - k0) - (q1 - q0)
+        keys = torch.arange(k1 - k0)[None, :]
+        visible = (keys <= diagonal) & ((keys >= diagonal - window[0]) if window[0] >= 0 else True)
+        expected = (scores.masked_fill(~visible, float("-inf")).softmax(-1) @ vs).transpose(0, 1)
+        torch.testing.assert_close(out[q0:q1], expected)
