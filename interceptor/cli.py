@@ -123,7 +123,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="the weights' dtype (vLLM's --dtype)")
 
     serve = command("serve", _serve, "run the interception server in front of a policy server")
-    serve.add_argument("--upstream", required=True, help="base URL of vLLM or the local engine (or an OpenAI API)")
+    serve.add_argument("--upstream", required=True, action="append",
+                       help="base URL of vLLM or the local engine (or an OpenAI API); repeat it for replicas of the "
+                            "policy, each rollout pinned to one")
     serve.add_argument("--model", help="the model directory (tokenizer and chat template); interception_gate")
     serve.add_argument("--mode", choices=("interception_gate", "black_box"), default="interception_gate")
     serve.add_argument("--host", default="127.0.0.1")

@@ -66,12 +66,21 @@ class UpstreamConfig:
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 4.0
     max_connections: int = 256
+    # Further replicas of the same policy beside `base_url`: each rollout is pinned to one (`replicas.py`).
+    replicas: tuple[str, ...] = ()
+    health_interval_s: float = 2.0  # replicas' /health, when there are several
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"upstream URL must be http(s): {self.base_url!r}")
+        object.__setattr__(self, "replicas", tuple(self.replicas))
+        for url in (self.base_url, *self.replicas):
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"upstream URL must be http(s): {url!r}")
+        if len({self.base_url.rstrip("/"), *(u.rstrip("/") for u in self.replicas)}) != 1 + len(self.replicas):
+            raise ConfigError("the upstream replicas must be distinct URLs")
         if self.attempts < 1:
             raise ConfigError("attempts must be at least 1")
+        if self.health_interval_s <= 0:
+            raise ConfigError("health_interval_s must be positive")
 
     @property
     def root(self) -> str:

@@ -26,7 +26,7 @@ from .rendering import Renderer
 from .rollouts import Rollout, TurnResult
 from .shared_renders import SharedRenders
 from .trajectory import TurnPlan
-from .upstream import UpstreamClient
+from .replicas import ReplicaSet
 
 __all__ = ["HEAVY_REQUEST_BYTES", "PARSE_OFF_LOOP_BYTES", "Policy", "run_turn"]
 
@@ -43,7 +43,7 @@ class Policy:
     """What the gate needs to generate: the tokenizer side, the upstream, and the policy's state."""
 
     renderer: Renderer
-    upstream: UpstreamClient
+    upstream: ReplicaSet
     upstream_model: str
     max_model_len: int
     default_max_tokens: int
@@ -100,6 +100,8 @@ async def run_turn(
             vocab_size=policy.renderer.vocab_size,
             top_logprobs=request.top_logprobs,
             budget=attempts.budget,
+            rollout_id=rollout.id,
+            moved=lambda old, new: rollout.note("replica_moved", replica=old, to=new),
         )
         async with rollout.lock:
             result = _record(policy, rollout, plan, generation, request)

@@ -27,7 +27,7 @@ from .replies import SSE_DONE, encode_sse
 from .rollouts import Rollout
 from .streaming import SSE_HEADERS
 from .trajectory import message_key
-from .upstream import UpstreamClient
+from .replicas import ReplicaSet
 
 __all__ = [
     "CHAT_RELAY", "EventCollector", "Rebuilt", "RelayShape", "StreamCollector", "json_object", "relay_turn", "sse_payloads",
@@ -66,7 +66,7 @@ class RelayShape(Protocol):
 
 async def relay_turn(
     request: web.Request,
-    upstream: UpstreamClient,
+    upstream: ReplicaSet,
     rollout: Rollout,
     raw: bytes,
     body: dict,
@@ -93,7 +93,7 @@ async def relay_turn(
 
 async def _relay(
     request: web.Request,
-    upstream: UpstreamClient,
+    upstream: ReplicaSet,
     rollout: Rollout,
     data: bytes,
     chat: ChatRequest,
@@ -101,7 +101,7 @@ async def _relay(
     shape: RelayShape,
 ) -> web.StreamResponse:
     async with upstream.relay(
-        shape.path, data, extra_headers=shape.headers(request), key_header=shape.key_header
+        shape.path, data, rollout_id=rollout.id, extra_headers=shape.headers(request), key_header=shape.key_header
     ) as resp:
         entry["status"] = resp.status
         if resp.status < 400:

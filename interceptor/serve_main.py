@@ -30,7 +30,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     admin_token = os.environ.get("INTERCEPTOR_ADMIN_TOKEN") or secrets.token_urlsafe(32)
     return ServerConfig(
         upstream=UpstreamConfig(
-            base_url=args.upstream,
+            base_url=args.upstream[0],
+            replicas=tuple(args.upstream[1:]),
             api_key=os.environ.get("INTERCEPTOR_UPSTREAM_API_KEY"),
         ),
         mode=args.mode,

@@ -48,7 +48,7 @@ from .rendering import Renderer, RendererConfig
 from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
 from .trajectory import Trajectory
-from .upstream import UpstreamClient
+from .replicas import ReplicaSet
 
 __all__ = ["InterceptionServer", "RolloutHandle", "HostTool"]
 
@@ -81,7 +81,7 @@ class InterceptionServer:
         self.registry = RolloutRegistry()
         self.host_tools: dict[str, HostTool] = {"answer": _answer_tool, **(host_tools or {})}
         self.policy: Policy | None = None
-        self._upstream = UpstreamClient(config.upstream)
+        self._upstream = ReplicaSet(config.upstream)
         self._recorder: Recorder | None = None
         self._journal: Journal | None = None
         self._stack = AsyncExitStack()
@@ -272,6 +272,7 @@ class InterceptionServer:
         if self._journal is not None:
             self._journal.finished(rollout_id)
         self.registry.retire(rollout, status)
+        self._upstream.release(rollout_id)
         return record
 
     async def pause(self) -> None:
@@ -288,7 +289,15 @@ class InterceptionServer:
     # -------------------------------------------------------------------------------------- handlers
 
     async def _health(self, request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "mode": self.config.mode, "live_rollouts": len(self.registry)})
+        health = {"status": "ok", "mode": self.config.mode, "live_rollouts": len(self.registry)}
+        if len(self._upstream.replicas) > 1:
+            health["replicas"] = self._upstream.stats()
+        return json_response(health)
+
+    @property
+    def replicas(self) -> ReplicaSet:
+        """The policy servers this server generates with (one, or several replicas with sticky routing)."""
+        return self._upstream
 
     def _authorize(self, request: web.Request, *, tools: bool = False, dialect: Dialect = CHAT) -> Rollout:
         return self.registry.authorize(request.match_info["rid"], dialect.authorization(request), tools=tools)

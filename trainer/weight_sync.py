@@ -14,6 +14,9 @@ The tensors are the live (detached) parameters: they must be copied before `send
   `/resume`. The pause is not optional: a reload alone leaves keys and values computed with the old weights in
   vLLM's prefix cache.
 - NCCL on GPU is TRL's own `WeightTransferClient`, which the trainer builds when given `weight_transfer=None`.
+- `FanOutTransfer`: several replicas of the policy (`interceptor.replicas`), each through its own transfer: every
+  one is paused, then each gets the weights, then every one resumes, so wrapped in a `GatedTransfer` no turn is
+  generated with the new version before all of them serve it.
 
 `GatedTransfer` wraps any of them so that new agent turns wait (not fail) during the swap and resume tagged with the
 new policy version; `interceptor.InterceptionServer` is such a gate. Policy versions count completed syncs, as TRL's
@@ -36,6 +39,7 @@ from safetensors.torch import save_file
 from trainer.engine import LocalEngine, PauseMode
 
 __all__ = [
+    "FanOutTransfer",
     "GatedTransfer",
     "LocalEngineTransfer",
     "PolicyGate",
@@ -105,6 +109,36 @@ class LocalEngineTransfer:
 
     def destroy(self) -> None:
         pass  # the engine belongs to whoever started it
+
+
+class FanOutTransfer:
+    """One transfer to every replica: pause all, send to each, resume all (in the order given)."""
+
+    def __init__(self, transfers: Iterable[WeightTransfer]) -> None:
+        self.transfers = list(transfers)
+        if not self.transfers:
+            raise ValueError("a fan-out needs at least one transfer")
+
+    def init_weight_transfer(self) -> None:
+        for transfer in self.transfers:
+            transfer.init_weight_transfer()
+
+    def pause(self) -> None:
+        for transfer in self.transfers:
+            transfer.pause()
+
+    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
+        named_tensors = list(iterator)  # the trainer's live parameters: each transfer copies them
+        for transfer in self.transfers:
+            transfer.send_weights(iter(named_tensors))
+
+    def resume(self) -> None:
+        for transfer in self.transfers:
+            transfer.resume()
+
+    def destroy(self) -> None:
+        for transfer in self.transfers:
+            transfer.destroy()
 
 
 class ReloadFromDiskTransfer:
