@@ -93,6 +93,9 @@ async def run_turn(
     try:
         sampling = _checked_sampling(policy, rollout, request, plan)
         await policy.ready.wait()  # agents wait, they do not fail, while weights change
+        # The version this generation starts on: a weight sync that lands while it runs (vLLM's pause "keep"
+        # freezes it and continues it on the new weights) leaves its first tokens from this one, the oldest.
+        version = policy.version
         generation = await policy.upstream.complete(
             model=policy.upstream_model,
             prompt_json=plan.prompt_json,
@@ -104,7 +107,7 @@ async def run_turn(
             moved=lambda old, new: rollout.note("replica_moved", replica=old, to=new),
         )
         async with rollout.lock:
-            result = _record(policy, rollout, plan, generation, request)
+            result = _record(policy, rollout, plan, generation, request, version=version)
     except BaseException as exc:
         _release(rollout, plan)
         if isinstance(exc, UpstreamError):
@@ -196,7 +199,9 @@ def _stop_ids(renderer: Renderer, request: ChatRequest) -> list[int]:
     return [close, renderer.end_of_turn_id]
 
 
-def _record(policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Generation, request: ChatRequest) -> TurnResult:
+def _record(
+    policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Generation, request: ChatRequest, *, version: int
+) -> TurnResult:
     text = policy.renderer.decode(generation.token_ids)
     parsed = parse_output(text, tools=request.tools, calls_allowed=bool(request.tools) and request.tool_choice != "none")
     message = assistant_message(parsed, [new_tool_call_id() for _ in parsed.calls])
@@ -208,7 +213,7 @@ def _record(policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Genera
         returned=message,
         finish_reason=finish_reason,
         malformed=parsed.malformed,
-        policy_version=policy.version,
+        policy_version=version,
     )
     entry = rollout.scrub(
         {"new_messages": request.messages[known:], "response": message, "finish_reason": finish_reason}

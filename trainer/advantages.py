@@ -51,6 +51,9 @@ def _truncated(record: RolloutRecord) -> bool:
 def build_group(
     records: list[RolloutRecord], *, group_id: int, model_version: int, rules: GroupFilter
 ) -> GroupOutcome:
+    """The group's samples with group-relative advantages. Each sample's `model_version` is the lowest policy
+    version among its turns (what TRL's staleness bound needs: its oldest token), `model_version` (the version the
+    group was dispatched at) for a sample without turns."""
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     outcome = GroupOutcome(samples=[], rewards=[])
@@ -88,7 +91,9 @@ def build_group(
                     completion_mask=np.asarray(sample.completion_mask, dtype=np.int64),
                     old_log_probs=np.asarray(sample.old_logprobs, dtype=np.float32),
                     advantage=float(advantage),
-                    model_version=model_version,
+                    # The oldest policy that generated any of its tokens (the gate stamps each turn); the dispatch
+                    # version when a sample has none recorded.
+                    model_version=min((t.policy_version for t in sample.turns), default=model_version),
                     group_id=group_id,
                     metrics={"reward": float(record.reward), "forks": float(record.forks)},
                     enqueued_at=now,

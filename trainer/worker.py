@@ -11,6 +11,10 @@ Demand-driven and bounded: at most `max_inflight_groups` groups run at once (by 
 `max_staleness` steps of `samples_per_step`), and a group stops dispatching while the buffer already holds that
 many samples, so nothing queues without bound. A group that would arrive staler than `max_staleness` versions is
 stopped (its agents ended, its rollouts recorded as cancelled) rather than finished and thrown away.
+
+One policy-version counter: the interception gate's, which stamps every turn (`trainer.weight_sync.GatedTransfer`
+bumps it when a sync completes). The worker reads it, TRL's own count must equal it (checked when TRL reports it),
+and each sample carries the lowest version among its turns (`trainer.advantages.build_group`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import itertools
 import math
 import queue
 import statistics
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -75,8 +78,8 @@ class InterceptorRolloutWorker:
         self._runner = runner
         self._tasks = list(tasks)
         self._loop = loop
-        self._version = 0
-        self._version_lock = threading.Lock()
+        if getattr(runner.server, "policy", None) is None:
+            raise ValueError("the rollout worker trains on interception_gate rollouts; this server relays (black_box)")
         self._future: Future | None = None
         self._stopping: asyncio.Event | None = None
         self._last_progress = time.monotonic()
@@ -88,12 +91,16 @@ class InterceptorRolloutWorker:
 
     @property
     def model_version(self) -> int:
-        with self._version_lock:
-            return self._version
+        """The policy version: the interception gate's, the one counter that also stamps every turn."""
+        return self._runner.server.policy.version
 
     def update_model_version(self, model_version: int) -> None:
-        with self._version_lock:
-            self._version = model_version
+        """TRL's count of syncs, told after each one: it must be the gate's (the transfer went through it)."""
+        if model_version != self.model_version:
+            raise RuntimeError(
+                f"TRL is at policy version {model_version} but the interception gate stamps turns with "
+                f"{self.model_version}: weight syncs must go through the gate (trainer.weight_sync.GatedTransfer)"
+            )
 
     def start(self) -> None:
         if self._future is not None:

@@ -132,3 +132,25 @@ def test_replicas_must_be_distinct_http_urls():
     with pytest.raises(ConfigError, match="must be http"):
         UpstreamConfig(base_url="http://127.0.0.1:8000", replicas=("127.0.0.1:8001",))
 
+
+async def test_a_turn_a_weight_sync_lands_on_is_stamped_with_the_version_it_started_on(scripted, tiny_model_dir,
+                                                                                       tmp_path):
+    """A generation in flight when weights change (vLLM's pause "keep" continues it on the new weights) has its
+    first tokens from the old version: its turn carries the old one, so its sample is never taken as fresher."""
+    from tests.fakes import Slow
+
+    scripted.script(Slow("slow reply", delay_s=1.0), "next")
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir,
+                          record_path=tmp_path / "r.jsonl")
+    async with InterceptionServer(config) as server, aiohttp.ClientSession() as http:
+        handle = server.open_rollout()
+        conversation = [{"role": "user", "content": "task"}]
+        first = asyncio.ensure_future(turn(http, handle, conversation))
+        while not scripted.calls and server.replicas.replicas[0].in_flight == 0:
+            await asyncio.sleep(0.01)
+        await server.pause()  # a sync lands while the generation runs
+        await server.resume(policy_version=1)
+        await first
+        await turn(http, handle, conversation)
+        record = await server.finish_rollout(handle.id)
+    assert [t.policy_version for t in record.samples[0].turns] == [0, 1]
