@@ -13,7 +13,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", required=True, help="a JSON Lines task file (or SWE instances, with --swe-repos)")
     parser.add_argument("--swe-repos", help="read --tasks as SWE-Gym/SWE-bench instances; repositories are here, "
                         "as <owner>__<name>/ git repositories (examples/swe_tiny/make_suite.py builds a suite)")
-    parser.add_argument("--upstream", default="local", help="'local' (tiny model on the local engine) or a URL")
+    parser.add_argument("--upstream", default="local",
+                        help="'local' (tiny model on the local engine), a URL, or comma-separated URLs of replicas")
     parser.add_argument("--model", help="model directory (tokenizer, chat template; with --upstream local: weights)")
     parser.add_argument("--mode", choices=("interception_gate", "black_box"), default="interception_gate")
     parser.add_argument("-n", type=int, default=1, help="rollouts per task (a group)")

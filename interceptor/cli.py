@@ -52,7 +52,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agents.run_main import run_from_args
+    from trainer.run_main import run_from_args
 
     return run_from_args(args)
 

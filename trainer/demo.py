@@ -19,10 +19,10 @@ from pathlib import Path
 import aiohttp
 from openai import AsyncOpenAI
 
-from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
+from interceptor import SamplingSettings
 from interceptor.inspect import show_rollout, summarise
 
-from .engine import EngineConfig, LocalEngine
+from .policy_stack import PolicyStack, StackConfig
 from .tiny_model import make_tiny_model
 
 __all__ = ["collect_message", "run_demo_from_args"]
@@ -93,17 +93,15 @@ async def run_demo(workdir: Path, *, turns: int) -> int:
         print(f"building the tiny model in {model_dir} ...", flush=True)
         await asyncio.to_thread(make_tiny_model, model_dir)
     record_path = workdir / "rollouts.jsonl"
-    async with LocalEngine(EngineConfig(model=model_dir, port=0, served_model_name="tiny")) as engine:
-        print(f"local engine serving {model_dir} at {engine.base_url}", flush=True)
-        config = ServerConfig(
-            upstream=UpstreamConfig(base_url=engine.base_url), model_dir=model_dir, record_path=record_path
-        )
-        async with InterceptionServer(config) as server:
-            rollout = server.open_rollout(sampling=SamplingSettings(temperature=1.0, seed=0))
-            print(f"rollout {rollout.id} at {rollout.base_url}", flush=True)
-            for number, text in enumerate(await _play_agent(rollout.base_url, rollout.secret, turns)):
-                print(f"  turn {number}: {text[:100]!r}")
-            record = await server.finish_rollout(rollout.id)
+    config = StackConfig(model=model_dir, build_local_model=False, served_model_name="tiny", record_path=record_path)
+    async with PolicyStack(config) as stack:
+        server = stack.server
+        print(f"local engine serving {model_dir} at {stack.engine.base_url}", flush=True)
+        rollout = server.open_rollout(sampling=SamplingSettings(temperature=1.0, seed=0))
+        print(f"rollout {rollout.id} at {rollout.base_url}", flush=True)
+        for number, text in enumerate(await _play_agent(rollout.base_url, rollout.secret, turns)):
+            print(f"  turn {number}: {text[:100]!r}")
+        record = await server.finish_rollout(rollout.id)
     print()
     print(json.dumps(summarise([record]), indent=2))
     print()

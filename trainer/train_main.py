@@ -7,7 +7,8 @@
 The config file is TOML; every key is optional except `tasks`:
 
     model = "runs/train/model"      # a model directory; built (the tiny model, trained to call tools) if missing
-    upstream = "local"              # or a vLLM URL serving `model` (weights then go by reload from disk)
+    upstream = "local"              # or a vLLM URL serving `model`, or comma-separated URLs of replicas (weights
+                                    # then go to each by reload from disk)
     agent = "command"               # pi | opencode | command
     command = "python examples/agents/simple_agent.py"
     tasks = "examples/tasks/arithmetic.jsonl"
@@ -41,7 +42,6 @@ import os
 import shlex
 import time
 import tomllib
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -146,17 +146,16 @@ async def train(config: TrainConfig) -> TrainResult:
     from datasets import Dataset
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-    from agents.runner import Runner, RunnerConfig
+    from agents.runner import RunnerConfig
     from agents.tasks import load_tasks
-    from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
+    from interceptor import SamplingSettings
 
     from .advantages import GroupFilter
-    from .engine import EngineConfig, LocalEngine
-    from .local_model import ensure_local_model
     from .logprob_gap import with_logprob_gap
+    from .policy_stack import PolicyStack, StackConfig
     from .precision import DtypeMismatch, dtype_mismatch, generator_dtype, trainer_dtype
     from .trl_compat import CPU_CONFIG, apply_trl_compat, resolve_attention
-    from .weight_sync import GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer
+    from .weight_sync import FanOutTransfer, GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer
     from .worker import InterceptorRolloutWorker, WorkerConfig
 
     started = time.perf_counter()
@@ -170,46 +169,34 @@ async def train(config: TrainConfig) -> TrainResult:
     metrics_path.unlink(missing_ok=True)
     tasks = load_tasks(config.tasks)
     loop = asyncio.get_running_loop()
-    engine = None
-    async with AsyncExitStack() as stack:
-        if config.upstream == "local":
-            model_dir = await asyncio.to_thread(ensure_local_model, config.model)
-            engine = await stack.enter_async_context(
-                LocalEngine(EngineConfig(model=model_dir, port=0, served_model_name="policy", seed=config.seed,
-                                         device=device, dtype=dtype))
-            )
-            upstream_url = engine.base_url
-        else:
-            model_dir, upstream_url = config.model, config.upstream
-        served = await generator_dtype(upstream_url)
-        mismatch = dtype_mismatch(dtype, served)
+    local = config.upstream == "local"
+    stack_config = StackConfig(upstream=("local",) if local else tuple(config.upstream.split(",")),
+                               model=config.model, record_path=config.out / "rollouts.jsonl", seed=config.seed,
+                               engine_device=device, engine_dtype=dtype)
+
+    def runner_config(server) -> RunnerConfig:
+        return RunnerConfig(
+            agent=_agent_spec(config, context_window=server.policy.max_model_len),
+            # The trainer scores at temperature `temperature` with no top-k/top-p: sample the same way.
+            sampling=SamplingSettings(temperature=config.temperature, max_tokens=config.max_tokens),
+            concurrency=config.concurrency,
+        )
+
+    async with PolicyStack(stack_config, runner=runner_config) as stack:
+        engine, server, runner, model_dir = stack.engine, stack.server, stack.runner, stack.model_dir
+        urls = [stack.upstream.base_url, *stack.upstream.replicas]
+        served = [await generator_dtype(url) for url in urls]
+        mismatch = next((m for m in (dtype_mismatch(dtype, s) for s in served) if m), None)
         setup = {"attention": attention.name, "attention_reason": attention.reason, "trainer_dtype": dtype,
-                 "generator_dtype": served, "dtype_mismatch": mismatch, "engine_device": device if engine else None}
+                 "generator_dtype": served[0] if len(set(served)) == 1 else served, "dtype_mismatch": mismatch,
+                 "engine_device": device if engine else None}
         (config.out / "setup.json").write_text(json.dumps(setup, indent=2) + "\n")
-        print(f"attention: {attention.reason}; dtype: trainer {dtype}, generator {served or 'not reported'}",
-              flush=True)
+        generator = setup["generator_dtype"] or "not reported"
+        print(f"attention: {attention.reason}; dtype: trainer {dtype}, generator {generator}", flush=True)
         if mismatch and not config.allow_dtype_mismatch:
             raise DtypeMismatch(mismatch + " (or set allow_dtype_mismatch = true)")
         if mismatch:
             print(f"warning: {mismatch}", flush=True)
-        server = await stack.enter_async_context(
-            InterceptionServer(
-                ServerConfig(
-                    upstream=UpstreamConfig(base_url=upstream_url),
-                    model_dir=model_dir,
-                    record_path=config.out / "rollouts.jsonl",
-                )
-            )
-        )
-        runner = await stack.enter_async_context(Runner(
-            server,
-            RunnerConfig(
-                agent=_agent_spec(config, context_window=server.policy.max_model_len),
-                # The trainer scores at temperature `temperature` with no top-k/top-p: sample the same way.
-                sampling=SamplingSettings(temperature=config.temperature, max_tokens=config.max_tokens),
-                concurrency=config.concurrency,
-            ),
-        ))
         worker = InterceptorRolloutWorker(
             runner=runner,
             tasks=tasks,
@@ -223,8 +210,12 @@ async def train(config: TrainConfig) -> TrainResult:
         )
         if engine is not None:
             inner = LocalEngineTransfer(engine, loop=loop)
-        else:
-            inner = ReloadFromDiskTransfer(base_url=upstream_url, weights_dir=config.out / "weights", config_dir=model_dir)
+        else:  # every replica reloads the same files, each from its own directory
+            inner = FanOutTransfer(
+                ReloadFromDiskTransfer(base_url=url, weights_dir=config.out / "weights" / str(i), config_dir=model_dir)
+                for i, url in enumerate(urls)
+            ) if len(urls) > 1 else ReloadFromDiskTransfer(base_url=urls[0], weights_dir=config.out / "weights",
+                                                           config_dir=model_dir)
         transfer = GatedTransfer(inner, gate=server, loop=loop)
         report_to = "trackio" if _installed("trackio") else "none"
         args = AsyncGRPOConfig(

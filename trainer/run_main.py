@@ -12,30 +12,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shlex
 import sys
 import time
 from collections import Counter, defaultdict
-from contextlib import AsyncExitStack
 from pathlib import Path
 
-from interceptor.config import SamplingSettings, ServerConfig, UpstreamConfig
+from agents.cgroups import ResourceLimits
+from agents.claude import ClaudeAgent
+from agents.codex import CodexAgent
+from agents.command import CommandAgent
+from agents.errors import AgentConfigError
+from agents.opencode import OpenCodeAgent
+from agents.pi import PiAgent
+from agents.pool import PoolConfig
+from agents.runner import RunnerConfig
+from agents.sandbox import LocalSandbox
+from agents.spec import AgentSpec
+from agents.tasks import load_tasks
+from interceptor.config import SamplingSettings
 from interceptor.records import RolloutRecord
-from interceptor.server import InterceptionServer
 
-from .claude import ClaudeAgent
-from .codex import CodexAgent
-from .command import CommandAgent
-from .opencode import OpenCodeAgent
-from .pi import PiAgent
-from .cgroups import ResourceLimits
-from .errors import AgentConfigError
-from .pool import PoolConfig
-from .runner import Runner, RunnerConfig
-from .sandbox import LocalSandbox
-from .spec import AgentSpec
-from .tasks import load_tasks
+from .policy_stack import PolicyStack, StackConfig
 
 __all__ = ["run_from_args", "summary_table"]
 
@@ -54,13 +52,6 @@ def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
     return CommandAgent(argv=tuple(shlex.split(args.command)))
 
 
-async def _local_model(args: argparse.Namespace, out: Path) -> Path:
-    """The model the local engine serves: `--model DIR` (built there first if it does not exist yet)."""
-    from trainer.local_model import ensure_local_model
-
-    return await asyncio.to_thread(ensure_local_model, Path(args.model) if args.model else out.parent / "model")
-
-
 def _resources(args: argparse.Namespace) -> ResourceLimits | None:
     memory = args.memory_mib * 1024 * 1024 if args.memory_mib is not None else None
     try:
@@ -77,8 +68,8 @@ def _sandbox(choice: str, server, resources: ResourceLimits | None):
     if choice == "local":
         return LocalSandbox
     if choice == "namespace":
-        from .namespace_sandbox import namespaces_unavailable
-        from .runner import namespace_sandbox_for
+        from agents.namespace_sandbox import namespaces_unavailable
+        from agents.runner import namespace_sandbox_for
 
         if reason := namespaces_unavailable():
             raise SystemExit(f"--sandbox namespace: {reason}")
@@ -132,7 +123,7 @@ async def run(args: argparse.Namespace) -> int:
         raise SystemExit("--warm-pool must be 0 or more")
     resources = _resources(args)  # refused before anything starts
     if args.swe_repos:
-        from .swe import load_swe_tasks
+        from agents.swe import load_swe_tasks
 
         tasks = load_swe_tasks(args.tasks, repos=args.swe_repos)
     else:
@@ -140,35 +131,29 @@ async def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "rollouts.jsonl"
-    async with AsyncExitStack() as stack:
-        if args.upstream == "local":
-            from trainer.engine import EngineConfig, LocalEngine
+    local = args.upstream == "local"
+    stack_config = StackConfig(
+        upstream=("local",) if local else tuple(args.upstream.split(",")),
+        model=Path(args.model) if args.model else (out.parent / "model" if local else None),
+        mode=args.mode,
+        record_path=record_path,
+    )
 
-            model_dir = await _local_model(args, out)
-            engine = await stack.enter_async_context(
-                LocalEngine(EngineConfig(model=model_dir, port=0, served_model_name="policy"))
-            )
-            upstream = UpstreamConfig(base_url=engine.base_url)
-        else:
-            model_dir = Path(args.model) if args.model else None
-            upstream = UpstreamConfig(base_url=args.upstream, api_key=os.environ.get("INTERCEPTOR_UPSTREAM_API_KEY"))
-        server = await stack.enter_async_context(
-            InterceptionServer(
-                ServerConfig(upstream=upstream, mode=args.mode, model_dir=model_dir, record_path=record_path)
-            )
-        )
-        context_window = server.policy.max_model_len if server.policy else 32768
-        config = RunnerConfig(
-            agent=_agent(args, context_window=context_window),
+    def runner_config(server) -> RunnerConfig:
+        return RunnerConfig(
+            agent=_agent(args, context_window=server.policy.max_model_len if server.policy else 32768),
             sampling=SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
             concurrency=args.concurrency,
             sandbox=_sandbox(args.sandbox, server, resources),
             resources=resources if args.sandbox == "auto" else None,  # a chosen backend has them built in
             pool=PoolConfig(size=args.warm_pool),
         )
-        print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {upstream.base_url} ({args.mode})", flush=True)
-        runner = await stack.enter_async_context(Runner(server, config, on_finished=_progress(len(tasks) * args.n)))
-        records = await runner.run_tasks(tasks, n=args.n)
+
+    progress = _progress(len(tasks) * args.n)
+    async with PolicyStack(stack_config, runner=runner_config, runner_options={"on_finished": progress}) as stack:
+        print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {stack.upstream.base_url} ({args.mode})",
+              flush=True)
+        records = await stack.runner.run_tasks(tasks, n=args.n)
     print()
     print(summary_table(records))
     print(f"\ntrajectories: {record_path}  (interceptor inspect {record_path})")
