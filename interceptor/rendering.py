@@ -31,6 +31,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from .chunk_ids import ChunkIds
 from .errors import BadRequest, ConfigError
 from .templates import training_template_for
 
@@ -89,6 +90,7 @@ class Renderer:
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
         # The Rust tokenizer itself: `tokenizer.encode` adds Python work around the same call
         self._rust = getattr(tokenizer, "_tokenizer", None)
+        self._chunks = ChunkIds()
 
     def single_token_id(self, text: str) -> int | None:
         """The id of `text` when the tokenizer encodes it as one token, else None."""
@@ -137,11 +139,11 @@ class Renderer:
             return rust.encode(text, add_special_tokens=False).ids
         # One batch call releases the GIL and encodes the chunks on the tokenizer's threads; cut right after a
         # special token, the chunks give the ids the whole text gives (special tokens are split off before BPE).
+        # The ids of long chunks seen before (an agent's system prompt and tools, a group's task) are remembered.
         chunks = _after_each(text, self.end_of_turn_text)
-        ids: list[int] = []
-        for encoding in rust.encode_batch(chunks, add_special_tokens=False):
-            ids.extend(encoding.ids)
-        return ids
+        return self._chunks.encode(
+            chunks, lambda pieces: [e.ids for e in rust.encode_batch(pieces, add_special_tokens=False)]
+        )
 
     def render_full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, generation_prompt=True))

@@ -1,0 +1,47 @@
+"""`ChunkIds`: long chunks of rendered text are encoded once and remembered across rollouts, and the ids of a
+whole text are exactly those the tokenizer gives it, whichever chunks were remembered."""
+
+from __future__ import annotations
+
+import pytest
+
+from interceptor.chunk_ids import ChunkIds
+from interceptor.rendering import Renderer, RendererConfig
+
+SYSTEM = "You are a coding agent. Use the tools to inspect and change files; answer with the result. " * 200
+TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "Does what its name says. " * 10,
+                                           "parameters": {"type": "object", "properties": {}}}} for i in range(8)]
+
+
+@pytest.fixture
+def renderer(tiny_model_dir):
+    return Renderer(RendererConfig(model_dir=tiny_model_dir))
+
+
+def test_rollouts_of_one_agent_encode_its_system_prompt_and_tools_once(renderer):
+    results = []
+    for task in ("Fix the bug in parser.py. " * 30, "Add a test for the tokenizer. " * 30, "Explain main.py. " * 30):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+        ids = renderer.render_full(messages, TOOLS)
+        text = renderer.render_text(messages, TOOLS, generation_prompt=True)
+        assert ids == renderer.tokenizer.encode(text, add_special_tokens=False)  # token-exact
+        results.append((renderer._chunks.hits, renderer._chunks.misses))
+    assert results[0][0] == 0 and results[1][0] == 1 and results[2][0] == 2  # the system chunk, every time after
+
+
+def test_kept_ids_are_bounded_and_the_oldest_go_first():
+    encoded: list[list[str]] = []
+
+    def encode_batch(pieces: list[str]) -> list[list[int]]:
+        encoded.append(list(pieces))
+        return [[ord(c) for c in piece] for piece in pieces]
+
+    chunks = ChunkIds(max_ids=5000, min_chars=1000)
+    a, b, c = "a" * 2000, "b" * 2000, "c" * 2000
+    assert chunks.encode([a, "x"], encode_batch) == [ord("a")] * 2000 + [ord("x")]
+    chunks.encode([b], encode_batch)
+    chunks.encode([a], encode_batch)  # kept: not encoded again
+    assert encoded == [[a, "x"], [b]]
+    chunks.encode([c], encode_batch)  # 6000 ids > 5000: the least recently used (b) goes
+    chunks.encode([a, b], encode_batch)
+    assert encoded[-1] == [b]
