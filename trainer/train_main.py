@@ -25,6 +25,8 @@ The config file is TOML; every key is optional except `tasks`:
     dtype = "auto"                  # auto | float32 | bfloat16 | float16: bf16 on a CUDA GPU, fp32 on CPU
     allow_dtype_mismatch = false    # train even when the generator serves another dtype (precision.py)
     device = "auto"                 # the local engine's device: auto (cuda when present) | cpu | cuda | cuda:N
+    fleet = ""                      # "ray": rollouts run on a Ray fleet, one interception node per Ray node
+                                    # (trainer/fleet.py); "ray://HOST:PORT" joins that cluster
 
 The trainer's loop runs in a worker thread; this process's event loop keeps serving the engine, the interception
 server and the agents. At start it writes what it runs with to `OUT/setup.json` (attention and why, the trainer's
@@ -42,6 +44,7 @@ import os
 import shlex
 import time
 import tomllib
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -69,6 +72,7 @@ class TrainConfig:
     dtype: str = "auto"
     allow_dtype_mismatch: bool = False
     device: str = "auto"
+    fleet: str = ""
 
     def __post_init__(self) -> None:
         for name in ("tasks", "model", "out"):
@@ -86,6 +90,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        if self.fleet and self.fleet != "ray" and not self.fleet.startswith("ray://"):
+            raise ValueError(f"fleet must be '', 'ray' or 'ray://HOST:PORT', not {self.fleet!r}")
 
     @classmethod
     def load(cls, path: Path | str) -> TrainConfig:
@@ -182,7 +188,7 @@ async def train(config: TrainConfig) -> TrainResult:
             concurrency=config.concurrency,
         )
 
-    async with PolicyStack(stack_config, runner=runner_config) as stack:
+    async with PolicyStack(stack_config, runner=runner_config) as stack, AsyncExitStack() as stack_exit:
         engine, server, runner, model_dir = stack.engine, stack.server, stack.runner, stack.model_dir
         urls = [stack.upstream.base_url, *stack.upstream.replicas]
         served = [await generator_dtype(url) for url in urls]
@@ -197,8 +203,16 @@ async def train(config: TrainConfig) -> TrainResult:
             raise DtypeMismatch(mismatch + " (or set allow_dtype_mismatch = true)")
         if mismatch:
             print(f"warning: {mismatch}", flush=True)
+        groups = runner  # where groups run: this process's runner, or the fleet's nodes (the gate too)
+        if config.fleet:
+            from .fleet import Fleet, FleetConfig
+
+            groups = await stack_exit.enter_async_context(Fleet(FleetConfig(
+                upstream=tuple(urls), model=model_dir, out=config.out, runner=runner_config(server),
+                address=None if config.fleet == "ray" else config.fleet,
+            )))
         worker = InterceptorRolloutWorker(
-            runner=runner,
+            runner=groups,
             tasks=tasks,
             loop=loop,
             config=WorkerConfig(
@@ -216,7 +230,7 @@ async def train(config: TrainConfig) -> TrainResult:
                 for i, url in enumerate(urls)
             ) if len(urls) > 1 else ReloadFromDiskTransfer(base_url=urls[0], weights_dir=config.out / "weights",
                                                            config_dir=model_dir)
-        transfer = GatedTransfer(inner, gate=server, loop=loop)
+        transfer = GatedTransfer(inner, gate=server if groups is runner else groups, loop=loop)
         report_to = "trackio" if _installed("trackio") else "none"
         args = AsyncGRPOConfig(
             **(CPU_CONFIG if on_cpu else {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}),
