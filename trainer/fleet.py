@@ -72,6 +72,12 @@ class _NodeHost:
     async def pause(self) -> None:
         await self._stack.server.pause()
 
+    async def stats(self) -> dict:
+        """This node's process memory and live rollouts (for benchmarks and operators)."""
+        import psutil
+
+        return {"rss": psutil.Process().memory_info().rss, "live_rollouts": len(self._stack.server.registry)}
+
     async def resume(self, policy_version: int | None) -> None:
         await self._stack.server.resume(policy_version=policy_version)
 
@@ -231,3 +237,9 @@ class Fleet:
     def stats(self) -> list[dict]:
         return [{"node": n.node_id[:12], "alive": n.alive, "groups_in_flight": n.in_flight, "groups": n.groups}
                 for n in self.nodes]
+
+    async def node_stats(self) -> dict[str, dict]:
+        """Each live node's process memory and live rollouts, asked of the node."""
+        live = [n for n in self.nodes if n.alive]
+        answers = await asyncio.gather(*(n.host.stats.remote() for n in live), return_exceptions=True)
+        return {n.node_id[:12]: a for n, a in zip(live, answers, strict=True) if not isinstance(a, BaseException)}
