@@ -50,6 +50,7 @@ class Policy:
     version: int = 0  # stamped on every turn; the trainer bumps it after a weight update
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # cleared while weights change
     journal_turn: JournalTurn | None = None
+    observe_turn: Callable[[TurnResult], None] | None = None  # the server's metrics
     renders: SharedRenders = field(init=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +118,8 @@ async def run_turn(
         raise
     rollout.trailing_upstream_failures = 0
     future.set_result(result)
+    if policy.observe_turn is not None:
+        policy.observe_turn(result)
     return result
 
 

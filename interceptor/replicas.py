@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 
@@ -61,6 +61,7 @@ class ReplicaSet:
         self.replicas = [Replica(url, UpstreamClient(replace(config, base_url=url, replicas=())))
                          for url in (config.base_url, *config.replicas)]
         self._pins: dict[str, Replica] = {}
+        self.observe: Callable[[str, float], None] | None = None  # (replica, seconds) of each generation
         self._stack = AsyncExitStack()
         self._health: asyncio.Task | None = None
 
@@ -150,6 +151,8 @@ class ReplicaSet:
             seconds = generation.seconds
             replica.latency_s = seconds if replica.latency_s is None else (
                 (1 - _LATENCY_WEIGHT) * replica.latency_s + _LATENCY_WEIGHT * seconds)
+            if self.observe is not None:
+                self.observe(redact_url(replica.url), seconds)
             return generation
 
     @asynccontextmanager

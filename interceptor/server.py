@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .admin import add_admin_routes
+from .admin import add_admin_routes, authorize_admin
 from .config import SamplingSettings, ServerConfig
 from .dialects import Dialect, error_for
 from .dialects.chat import CHAT
@@ -48,6 +48,7 @@ from .rendering import Renderer, RendererConfig
 from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
 from .trajectory import Trajectory
+from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .replicas import ReplicaSet
 
 __all__ = ["InterceptionServer", "RolloutHandle", "HostTool"]
@@ -82,6 +83,8 @@ class InterceptionServer:
         self.host_tools: dict[str, HostTool] = {"answer": _answer_tool, **(host_tools or {})}
         self.policy: Policy | None = None
         self._upstream = ReplicaSet(config.upstream)
+        self.metrics = ServerMetrics(self)
+        self._upstream.observe = lambda replica, seconds: self.metrics.upstream_seconds.labels(replica).observe(seconds)
         self._recorder: Recorder | None = None
         self._journal: Journal | None = None
         self._stack = AsyncExitStack()
@@ -107,8 +110,10 @@ class InterceptionServer:
         if self.config.mode == "interception_gate":
             self.policy = await self._load_policy()
             self.policy.journal_turn = self._journal_turn
+            self.policy.observe_turn = self._observe_turn
         app = web.Application(middlewares=[errors_middleware_for(error_for)], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
         add_admin_routes(app, self)
         for dialect in (CHAT, MESSAGES, RESPONSES):
             app.router.add_post(f"/rollout/{{rid}}/v1/{dialect.path}", functools.partial(self._turn, dialect=dialect))
@@ -273,6 +278,7 @@ class InterceptionServer:
             self._journal.finished(rollout_id)
         self.registry.retire(rollout, status)
         self._upstream.release(rollout_id)
+        self.metrics.rollouts_finished.labels(status, failure.cause if failure else "").inc()
         return record
 
     async def pause(self) -> None:
@@ -302,11 +308,22 @@ class InterceptionServer:
     def _authorize(self, request: web.Request, *, tools: bool = False, dialect: Dialect = CHAT) -> Rollout:
         return self.registry.authorize(request.match_info["rid"], dialect.authorization(request), tools=tools)
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.config.admin_token is not None:
+            authorize_admin(request, self.config.admin_token)
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _observe_turn(self, result) -> None:
+        self.metrics.prompt_tokens.inc(result.prompt_tokens)
+        self.metrics.sampled_tokens.inc(result.completion_tokens)
+
     async def _turn(self, request: web.Request, *, dialect: Dialect) -> web.StreamResponse:
         rollout = self._authorize(request, dialect=dialect)
         rollout.in_flight += 1
         try:
-            return await self._answer(request, rollout, dialect)
+            response = await self._answer(request, rollout, dialect)
+            self.metrics.turns.labels(self.config.mode, dialect.name).inc()
+            return response
         finally:
             rollout.in_flight -= 1
             rollout.last_activity = time.monotonic()
