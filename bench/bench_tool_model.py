@@ -4,7 +4,8 @@
     python bench/bench_tool_model.py --small-vocab --steps 40 --json
     python bench/bench_tool_model.py --model runs/model     # evaluate a built embedded default, no training
 
-Builds a `tool_model_spec()` model in a temp dir, trains it with `train_tool_calling`, then generates (transformers
+Builds a `tool_model_spec()` model in a temp dir, trains it as the embedded default is trained (`LOCAL_TRAINING`, with
+`--steps` and `--seed`), then generates (transformers
 `generate`, one thread, as the local engine does) on prompts it never saw: held-out task phrasings and numbers,
 distractor numbers, a long system prompt, each shell tool shape, and each captured agent's real request (the messages
 around its task and its tools: Pi, OpenCode, Claude Code, Codex). A call is right when `parse_output` finds exactly
@@ -16,6 +17,7 @@ number or not. After the tool response the model must answer `Done.` with no cal
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import re
@@ -27,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interceptor.parsing import parse_output  # noqa: E402
+from trainer.local_model import LOCAL_TRAINING  # noqa: E402
 from trainer.tiny_model import make_tiny_model  # noqa: E402
 from trainer.agent_contexts import SHELL_TOOLS, Context, load_agent_request  # noqa: E402
 from trainer.tool_episodes import shell_tool  # noqa: E402
@@ -153,15 +156,16 @@ def evaluate(model_dir: Path, *, samples: int, seed: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small-vocab", action="store_true")
-    parser.add_argument("--steps", type=int, default=ToolTrainingSpec().steps)
+    parser.add_argument("--steps", type=int, default=LOCAL_TRAINING.steps)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-agents", action="store_true", help="do not train on the captured agent requests")
+    parser.add_argument("--no-agents", action="store_true", help="do not train on the captured agent requests (by "
+                        "default the embedded default's training, trainer.local_model.LOCAL_TRAINING, is run)")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--model", type=Path, help="evaluate this trained model (e.g. the embedded default built by "
                         "`interceptor make-tiny-model DIR --tool-calling`) instead of training one")
     args = parser.parse_args()
-    agents = () if args.no_agents else tuple(p for p in AGENT_REQUESTS.values() if p.is_file())
+    agents = () if args.no_agents else LOCAL_TRAINING.agent_requests
     if args.model is not None:
         record = json.loads((args.model / "interceptor_tool_training.json").read_text())
         results = evaluate(args.model, samples=args.samples, seed=args.seed + 1)
@@ -171,7 +175,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = make_tiny_model(Path(tmp) / "tool", tool_model_spec(real_vocab=not args.small_vocab))
             start = time.perf_counter()
-            spec = ToolTrainingSpec(steps=args.steps, seed=args.seed, agent_requests=agents)
+            spec = (ToolTrainingSpec(steps=args.steps, seed=args.seed) if args.no_agents
+                    else dataclasses.replace(LOCAL_TRAINING, steps=args.steps, seed=args.seed))
             report = train_tool_calling(model_dir, spec)
             wall = time.perf_counter() - start
             results = evaluate(model_dir, samples=args.samples, seed=args.seed + 1)

@@ -1,8 +1,8 @@
 """The embedded default policy: the tiny model that `--upstream local` and the demo serve.
 
 Built once into a directory and reused: the real Qwen vocabulary (agents' first requests run to thousands of
-tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32k context, and a few minutes of
-supervised steps (trainer.tool_model) so the model answers a task by calling the agent's shell tool (`bash`, `Bash`
+tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32k context, and under a minute of
+supervised steps on one core (trainer.tool_model) so the model answers a task by calling the agent's shell tool (`bash`, `Bash`
 or `exec_command`) with `answer N`, then finishes.
 
 The build is all or nothing (`trainer.tiny_model.building`): the model is made and trained beside the target
@@ -25,7 +25,12 @@ LOCAL_MODEL_SPEC = dataclasses.replace(tool_model_spec(real_vocab=True), max_pos
 # Pi's, OpenCode's, Claude Code's and Codex's real first requests (the messages around the task and the tools,
 # secret removed): trained on, so the model answers inside those agents too.
 AGENT_REQUESTS = tuple(sorted((Path(__file__).parent / "agent_requests").glob("*.json")))
-LOCAL_TRAINING = ToolTrainingSpec(agent_requests=AGENT_REQUESTS)
+# Claude Code twice per round: the hardest prompt (its ~2k-token environment, with "Shell: bash" in it, sits between
+# the task and the answer; drawn as often as the others, its `Bash` came out as `bash` in 9 of 16 prompts).
+LOCAL_TRAINING = ToolTrainingSpec(
+    agent_requests=AGENT_REQUESTS,
+    agent_weights=tuple(2 if path.name.startswith("claude") else 1 for path in AGENT_REQUESTS),
+)
 
 
 def ensure_local_model(

@@ -98,6 +98,16 @@ _AFTER_SYSTEMS = (  # their digits are drawn afresh for each episode
     "# Environment\n - Is a git repository: false\n - OS Version: Linux 6.18.44\n - Model context: 200000 tokens",
     "Current time: 2026-11-23 01:10:04 UTC. 3 background tasks are running.",
 )
+# Agents name shells in prose too, near the task (Codex: `<shell>bash</shell>` before it, Claude Code: `Shell: bash`
+# after it), often not the tool they offer: the model learns to take the name from the offered tool, not the prose.
+_SHELL_MENTIONS = (
+    "Shell: {shell}",
+    "<environment_context>\n  <shell>{shell}</shell>\n</environment_context>",
+    "Use {shell} for file operations like ls and grep.",
+    "When you run a non-trivial {shell} command, explain what it does.",
+)
+_SHELL_WORDS = ("bash", "Bash", "exec_command", "sh", "zsh")
+_SHELL_MENTION_RATE = 0.5
 _TOOL_OUTPUTS = (
     "", "ok", "OK", "Answer recorded.", "answer recorded: {n}", "submitted {n}", "(no output)", "{n}",
     "bash: answer: command not found", "Exit code 0", "correct", "wrong", "received answer {n}\n",
@@ -122,6 +132,10 @@ _OTHER_TOOLS = (
 )
 _DIGITS = re.compile(r"\d+")
 _CAPTURED_ROLLOUT_DIR = "/tmp/interceptor-rollout"  # how the captures in trainer/agent_requests write it
+# Shared text after the tasks this long or longer runs once per step (Claude Code's environment, ~2k tokens) instead
+# of once per episode, each episode's own task keeping its gradient. Shorter (the other agents: the end-of-turn and
+# the assistant header) runs with each episode, exactly.
+_SHARED_AFTER_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -129,6 +143,9 @@ class Episode:
     ids: list[int]
     mask: list[bool]  # True on the tokens the model is taught to write
     context: int = 0  # leading ids that are context only, run without gradient (an agent's long prompt)
+    # ids [start, end) that the step's episodes share between their own task and their first target (Claude Code's
+    # ~2k-token environment after the task): run once for the step, without gradient; (0, 0) when there are none
+    shared_after: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -150,15 +167,20 @@ def _function_tool(name: str, description: str, parameters: tuple[str, ...]) -> 
 def _share_context(episodes: list[Episode]) -> list[Episode]:
     """Episodes behind one agent's prompt, their context extended to all the ids they share: the prompt and
     whatever the agent puts before the task in its message (Claude Code's ~2k-token reminder), which then runs once,
-    without gradient, instead of once per episode."""
+    without gradient, instead of once per episode. Ids they share after their tasks, if there are at least
+    `_SHARED_AFTER_TOKENS` (Claude Code's environment), are marked `shared_after`: run once too."""
     if len({tuple(episode.ids[:episode.context]) for episode in episodes}) != 1:
         raise ValueError("an agent's prompt did not encode to the same context ids twice")
     if len(episodes) < 2:
         return episodes
     shared = len(os.path.commonprefix([episode.ids for episode in episodes]))
-    first_target = min(episode.mask.index(True) for episode in episodes)
-    shared = min(shared, first_target - 1)  # a target is predicted from the position before it: keep that
-    return [dataclasses.replace(episode, context=max(episode.context, shared)) for episode in episodes]
+    ends = [episode.mask.index(True) - 1 for episode in episodes]  # the position that predicts the first target
+    shared = min(shared, min(ends))  # keep that position with its episode
+    suffix = len(os.path.commonprefix([episode.ids[shared:end][::-1] for episode, end in zip(episodes, ends)]))
+    suffix = min(suffix, min(ends) - shared - 1)  # each episode keeps at least one token of its own task
+    return [dataclasses.replace(episode, context=max(episode.context, shared),
+                                shared_after=(end - suffix, end) if suffix >= _SHARED_AFTER_TOKENS else (0, 0))
+            for episode, end in zip(episodes, ends)]
 
 
 class EpisodeMaker:
@@ -171,6 +193,8 @@ class EpisodeMaker:
         self._agents = [load_agent_request(p) for p in spec.agent_requests]
         self._end = tokenizer.eos_token  # <|im_end|>
         self._pending: list[Episode] = []
+        self._agent_credit = 0.0  # agent steps come at `agent_request_rate`, evenly spaced
+        self._deck: list[Context] = []  # the agents still to come in this round
         self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
         # Words that may follow the number: any vocabulary entry without digits, so that the model learns to stop
         # at "not a digit" rather than at a few words it has seen.
@@ -193,7 +217,9 @@ class EpisodeMaker:
     def step(self) -> Step:
         """Episodes for one step: rows of about `row_tokens` packed back to back (earlier episodes are just more
         context for later ones, like a long system prompt), about `tokens_per_step` in all; and, at
-        `agent_request_rate`, a few episodes behind one agent's real prompt."""
+        `agent_request_rate`, a few episodes behind one agent's real prompt. Agent steps are evenly spaced and take
+        the agents in rounds (each `agent_weights` times per round, shuffled): a random draw leaves one agent unseen
+        for long stretches, and the model then forgets which of the shell names its prompt offers."""
         spec = self._spec
         rows: list[Episode] = []
         count = 0
@@ -210,8 +236,14 @@ class EpisodeMaker:
                 count += 1
             rows.append(Episode(ids=ids, mask=mask))
         agents: list[Episode] = []
-        if self._agents and self._rng.random() < spec.agent_request_rate:
-            agent = self._rng.choice(self._agents)
+        self._agent_credit += spec.agent_request_rate
+        if self._agents and self._agent_credit >= 1.0:
+            self._agent_credit -= 1.0
+            if not self._deck:
+                weights = spec.agent_weights or (1,) * len(self._agents)
+                self._deck = [agent for agent, weight in zip(self._agents, weights) for _ in range(weight)]
+                self._rng.shuffle(self._deck)
+            agent = self._deck.pop()
             # Dates, paths, versions and counts in an agent's prompt change from run to run, before the task and
             # after it (a number after the task is the nearest to copy by mistake), and so does the rollout's
             # directory (Codex and Claude Code name it in their prompts).
@@ -265,6 +297,15 @@ class EpisodeMaker:
         after = ()
         if rng.random() < 0.25:
             after = ({"role": "system", "content": self._scramble(rng.choice(_AFTER_SYSTEMS))},)
+        if rng.random() < _SHELL_MENTION_RATE:
+            mention = rng.choice(_SHELL_MENTIONS).format(shell=rng.choice(_SHELL_WORDS))
+            place = rng.randrange(3)  # the system prompt, before the task, or a system message after it
+            if place == 0:
+                system = f"{system}\n{mention}" if system else mention
+            elif place == 1:
+                prefix = f"{prefix}{mention}\n\n"
+            else:
+                after = (*after, {"role": "system", "content": mention})
         return Context(before=({"role": "system", "content": system},) if system else (), tools=tuple(tools),
                        shell=shell, task_prefix=prefix, after=after)
 

@@ -1,4 +1,4 @@
-"""Teach a tiny model one tool loop, offline, on CPU, in minutes: call the shell with `answer N`, then say "Done.".
+"""Teach a tiny model one tool loop, offline, on CPU, in under a minute: call the shell with `answer N`, then "Done.".
 
 A random tiny model never emits a tool call, so real agents never run their tool loop against it and an RL example
 has nothing to learn. `train_tool_calling(model_dir, spec)` turns a `make_tiny_model` directory (built with
@@ -13,16 +13,29 @@ renders an agent's requests (the episodes are `trainer.tool_episodes`'), does:
 2. ... + that call + the tool's `<tool_response>`  ->  `Done.<|im_end|>`;
 3. no tools at all (OpenCode's title request)  ->  a short text.
 
-How, in a few minutes on one CPU thread: copying a number of any length out of the prompt needs an induction
+How, in under a minute on one CPU thread: copying a number of any length out of the prompt needs an induction
 circuit, which gradient descent finds only after a long plateau (hundreds of steps at this size). So the model
-starts from a structured initialisation (see `_wire_copy_circuit`): two layer-0 heads attend to the previous and
+starts from a structured initialisation (`trainer.copy_circuit`): two layer-0 heads attend to the previous and
 the one-before-previous token by position, and a layer-1 head attends to where the last two tokens occurred before
 and copies the token that followed. Then plain supervised steps (AdamW, loss on assistant tokens only) teach the
 template, which number to copy, when to stop and what to say after the tool response. Every weight stays
 trainable. The initialisation sets RoPE's base to 1e6 (Qwen3's own), so the copy head's content dimensions barely
 rotate over a prompt's last few hundred tokens, and zeroes the output rows of tokens the episodes never use (their
 logits are exactly 0, so the full-vocabulary softmax costs only the used rows). Only the embedding rows of used
-tokens are trained, and an agent's long prompt runs without gradient, as a KV cache.
+tokens are trained.
+
+Where the time goes, and how it is kept under a minute (`trainer.tool_forward` runs the decoder): with `bfloat16`
+the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster than
+float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens) runs
+once per step without gradient, and the step's episodes attend to its keys and values without a copy per episode;
+so does the text they share after their tasks (Claude Code's ~2.1k-token environment), run once after the first
+episode's task and seen by each episode at its own positions. Each episode's own task keeps its gradient: without it
+the model learnt to copy the tool name from a shell-like word in the prompt (Pi's "Bash command to execute",
+Claude Code's "Shell: bash") instead of from the offered tool; for the same reason synthetic prompts name shells in
+prose (`Shell: bash`, `<shell>zsh</shell>`), often not the offered one. Agent steps are evenly spaced and take the
+agents in rounds (`agent_weights`): drawn at random, one agent could go unseen for the last stretch of training and
+the tool name its prompt gets flipped (measured: Pi's `bash` became `Bash`, Codex's `exec_command` became `bash`).
+Synthetic rows run one at a time, unpadded (a long-prompt row is 3x the others).
 
 Stochasticity is deliberate: a fraction `wrong_answer_rate` of the targets submit a perturbed number, so at
 temperature 1 the policy submits a wrong answer now and then while greedy decoding copies the number; fewer
@@ -31,13 +44,16 @@ temperature 1 the policy submits a wrong answer now and then while greedy decodi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tool_episodes import BASH_TOOL, DONE_TEXT, EpisodeMaker, Step, answer_call
+from .copy_circuit import ROPE_THETA, wire_copy_circuit
+from .tool_episodes import BASH_TOOL, DONE_TEXT, Episode, EpisodeMaker, Step, answer_call
+from .tool_forward import hidden_states, interlude_states, prefix_states
 
 __all__ = [
     "BASH_TOOL",
@@ -49,7 +65,6 @@ __all__ = [
     "train_tool_calling",
 ]
 
-_ROPE_THETA = 1_000_000.0
 
 
 def tool_model_spec(*, real_vocab: bool = True, seed: int = 0):
@@ -65,19 +80,21 @@ def tool_model_spec(*, real_vocab: bool = True, seed: int = 0):
 
 @dataclass(frozen=True, kw_only=True)
 class ToolTrainingSpec:
-    steps: int = 100
-    tokens_per_step: int = 2048  # episodes are packed back to back into rows; a step takes about this many tokens
+    steps: int = 72
+    tokens_per_step: int = 1024  # episodes are packed back to back into rows; a step takes about this many tokens
     row_tokens: int = 512  # a row's length (an episode longer than this gets a row of its own)
     learning_rate: float = 3e-3
-    warmup_steps: int = 10
+    warmup_steps: int = 8
     wrong_answer_rate: float = 0.1  # fraction of targets that submit a perturbed number: sampling variance for RL
     long_prompt_rate: float = 0.1  # fraction of synthetic episodes behind a long filler system prompt
     long_prompt_tokens: int = 1500
     no_tools_rate: float = 0.05
     agent_requests: tuple[Path, ...] = ()  # captured first requests whose system prompt and tools to train on
-    agent_request_rate: float = 0.5  # fraction of steps that also train on episodes behind one of them
-    agent_episodes: int = 8  # episodes per such step: they share one pass over the agent's prompt (the costly part)
+    agent_request_rate: float = 0.45  # fraction of steps that also train on episodes behind one of them
+    agent_episodes: int = 10  # episodes per such step: they share one pass over the agent's prompt (the costly part)
+    agent_weights: tuple[int, ...] = ()  # how many times per round each of agent_requests is drawn (none: once)
     shell_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # how often a synthetic episode offers each of SHELL_TOOLS
+    bfloat16: bool = True  # matrix products in bfloat16 (CPU autocast); weights and optimizer stay float32
     seed: int = 0
     # One thread: bitwise deterministic (two threads differ in the last bits from run to run), and on a shared
     # 2-core machine two threads spin against the other process and a step takes up to 10x longer.
@@ -93,6 +110,9 @@ class ToolTrainingSpec:
         rates = (self.wrong_answer_rate, self.long_prompt_rate, self.no_tools_rate, self.agent_request_rate)
         if not all(0.0 <= r <= 1.0 for r in rates):
             raise ValueError("every *_rate must be within [0, 1]")
+        if self.agent_weights and (len(self.agent_weights) != len(self.agent_requests)
+                                   or min(self.agent_weights) < 0 or not sum(self.agent_weights) > 0):
+            raise ValueError("agent_weights needs a count >= 0 for each of agent_requests, not all 0")
         for path in self.agent_requests:
             if not Path(path).is_file():
                 raise ValueError(f"agent request {path} does not exist")
@@ -100,7 +120,7 @@ class ToolTrainingSpec:
     def to_json(self) -> dict:
         """The fields as JSON values (agent requests by file name), as the model directory records them."""
         return {**self.__dict__, "agent_requests": [Path(p).name for p in self.agent_requests],
-                "shell_weights": list(self.shell_weights)}
+                "shell_weights": list(self.shell_weights), "agent_weights": list(self.agent_weights)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,12 +153,12 @@ def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     config = AutoConfig.from_pretrained(str(model_dir))
-    config.rope_parameters = {"rope_type": "default", "rope_theta": _ROPE_THETA}
+    config.rope_parameters = {"rope_type": "default", "rope_theta": ROPE_THETA}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=torch.float32)
     maker = EpisodeMaker(tokenizer, spec)
     steps = [maker.step() for _ in range(spec.steps)]
     used = sorted({i for step in steps for episode in step.all() for i in episode.ids} | maker.vocabulary())
-    _wire_copy_circuit(model, used, maker.digits, aliases=maker.aliases(), seed=spec.seed)
+    wire_copy_circuit(model, used, maker.digits, aliases=maker.aliases(), seed=spec.seed)
     model.train()
     inputs = _TrainableRows(model.model.embed_tokens.weight, used)
     outputs = _TrainableRows(model.lm_head.weight, used)
@@ -148,7 +168,8 @@ def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
     losses: list[float] = []
     start = time.perf_counter()
     for step in steps:
-        loss = _loss(model, inputs, outputs, step, pad_id=tokenizer.pad_token_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bfloat16):
+            loss = _loss(model, inputs, outputs, step, pad_id=tokenizer.pad_token_id)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -179,112 +200,6 @@ def _lr_factor(step: int, spec: ToolTrainingSpec) -> float:
         return (step + 1) / spec.warmup_steps
     progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The structured initialisation
-
-# The residual stream (hidden 128) is split: token identity (with a "this is a digit" flag, which is what tells the
-# model to stop copying a number), a constant, the previous token, the one before it.
-_TOKEN = slice(0, 39)
-_DIGIT = 39
-_COPIED = slice(0, 40)  # what the heads copy: identity and flag
-_CONSTANT = 40
-_PREVIOUS = slice(48, 88)  # a copy of _COPIED
-_BEFORE_PREVIOUS = slice(88, 128)
-_POSITION_PAIRS = 6  # RoPE's fastest pairs tell offset 1 from offsets 0 and 2
-_MATCH_PAIRS = (range(12, 22), range(22, 32))  # slow pairs (< 0.006 rad/token at base 1e6): near content-only
-_POSITION_SHARPNESS = 3.0  # q_norm/k_norm gains: attention logit gaps of ~10 between offset 1 and its neighbours
-_MATCH_SHARPNESS = 2.0
-
-
-def _wire_copy_circuit(model, used: list[int], digits: list[int], *, aliases: list[tuple[int, int]],
-                       seed: int) -> None:
-    """Re-initialise the embeddings and two heads so that head 0 of layer 1 copies "the token that followed the
-    last two tokens when they occurred before" (a two-token induction head; two tokens, so that repeated digits in
-    a number are not ambiguous). The other heads, the MLPs and every weight stay trainable.
-
-    Each pair in `aliases` starts with the same identity: the call's `answer` and the task's ` answer`, so that the
-    first digit is copied from after the task's "answer" (the two tokens before it match), not from whichever number
-    is nearest (Claude Code sends the date after the task)."""
-    import torch
-
-    config = model.config
-    hidden, head_dim = config.hidden_size, config.head_dim
-    if config.tie_word_embeddings:
-        raise ValueError("the tool-calling initialisation needs untied input and output embeddings")
-    heads, kv_heads, layers = config.num_attention_heads, config.num_key_value_heads, config.num_hidden_layers
-    if (hidden, head_dim) != (128, 64) or heads < 2 or kv_heads != heads or layers < 2:
-        raise ValueError(
-            f"the tool-calling initialisation needs hidden 128, head_dim 64, >= 2 layers and >= 2 heads with as many "
-            f"kv heads (got {hidden}, {head_dim}, {layers}, {heads}/{kv_heads}): build it with tool_model_spec()"
-        )
-    generator = torch.Generator().manual_seed(seed)
-    width = _TOKEN.stop - _TOKEN.start
-    copied = _COPIED.stop - _COPIED.start
-    half = head_dim // 2
-    inv_freq = model.model.rotary_emb.inv_freq.float()
-    identity = torch.eye(copied)
-
-    def orthonormal_rows(rows: int, cols: int):
-        q, _ = torch.linalg.qr(torch.randn(cols, rows, generator=generator))
-        return q.T
-
-    with torch.no_grad():
-        embed = model.model.embed_tokens.weight
-        embed.zero_()
-        embed[:, _TOKEN] = torch.randn(embed.shape[0], width, generator=generator) / math.sqrt(width)
-        embed[digits, _DIGIT] = 1.0
-        for token, alias in aliases:
-            embed[alias, _TOKEN] = embed[token, _TOKEN]
-        embed[:, _CONSTANT] = 1.0
-        # The output rows of the tokens the episodes use start as their input rows, so the copy head's output
-        # already scores the copied token; every other row is zero and stays zero in training, so those ~148k
-        # logits are exactly 0 and the softmax over them is exact and cheap (see `_loss`).
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[used] = embed[used]
-
-        # Layer 0, heads 0 and 1: query and key read only the constant, so the score depends on the distance alone
-        # (q.R(t-s)k = sum cos((t-s-offset) * theta)); the value carries the token, written to its own subspace.
-        first = model.model.layers[0].self_attn
-        constant = torch.zeros(hidden)
-        constant[_CONSTANT] = 1.0
-        key = torch.zeros(head_dim)
-        key[:_POSITION_PAIRS] = 1.0
-        for head, (offset, target) in enumerate(((1, _PREVIOUS), (2, _BEFORE_PREVIOUS))):
-            rows = slice(head * head_dim, (head + 1) * head_dim)
-            query = torch.zeros(head_dim)
-            query[:_POSITION_PAIRS] = torch.cos(offset * inv_freq[:_POSITION_PAIRS])
-            query[half:half + _POSITION_PAIRS] = -torch.sin(offset * inv_freq[:_POSITION_PAIRS])
-            first.q_proj.weight[rows] = torch.outer(query, constant)
-            first.k_proj.weight[rows] = torch.outer(key, constant)
-            first.v_proj.weight[rows] = 0.0
-            first.v_proj.weight[head * head_dim:head * head_dim + copied, _COPIED] = identity
-            first.o_proj.weight[:, rows] = 0.0
-            # RMSNorm scales a unit-size embedding by sqrt(hidden / 2) = 8; undo it so the copy has the same size.
-            first.o_proj.weight[target, head * head_dim:head * head_dim + copied] = identity / 8
-        first.q_norm.weight.fill_(_POSITION_SHARPNESS)
-        first.k_norm.weight.fill_(_POSITION_SHARPNESS)
-
-        # Layer 1, head 0: query (this token, previous token) against key (previous token, the one before) in two
-        # orthogonal groups of slow RoPE pairs; the value copies the matched position's token into the token space.
-        second = model.model.layers[1].self_attn
-        dims = [[*pairs, *(p + half for p in pairs)] for pairs in _MATCH_PAIRS]
-        now, then = orthonormal_rows(len(dims[0]), width), orthonormal_rows(len(dims[1]), width)
-        query = torch.zeros(head_dim, hidden)
-        key = torch.zeros(head_dim, hidden)
-        # Identity only, not the flag: two different digits must not look alike.
-        previous, before = _PREVIOUS.start, _BEFORE_PREVIOUS.start
-        query[dims[0], _TOKEN], query[dims[1], previous:previous + width] = now, then
-        key[dims[0], previous:previous + width], key[dims[1], before:before + width] = now, then
-        second.q_proj.weight[:head_dim] = query
-        second.k_proj.weight[:head_dim] = key
-        second.v_proj.weight[:head_dim] = 0.0
-        second.v_proj.weight[:copied, _COPIED] = identity
-        second.o_proj.weight[:, :head_dim] = 0.0
-        second.o_proj.weight[_COPIED, :copied] = identity / 8
-        second.q_norm.weight.fill_(_MATCH_SHARPNESS)
-        second.k_norm.weight.fill_(_MATCH_SHARPNESS)
 
 
 class _TrainableRows:
@@ -318,43 +233,61 @@ class _TrainableRows:
 def _loss(model, inputs: _TrainableRows, outputs: _TrainableRows, step: Step, *, pad_id: int):
     """Cross-entropy over the full vocabulary, on the target tokens only.
 
-    Only the trained output rows are multiplied out: every other row is zero (see `_wire_copy_circuit`), so those
+    Only the trained output rows are multiplied out: every other row is zero (`trainer.copy_circuit`), so those
     tokens together contribute one logit of log(their count).
     """
     import torch
 
-    width = max(len(row.ids) for row in step.rows)
-    input_ids = torch.full((len(step.rows), width), pad_id, dtype=torch.long)
-    targets = torch.zeros((len(step.rows), width), dtype=torch.bool)
-    for i, row in enumerate(step.rows):
-        input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
-        targets[i, : len(row.ids)] = torch.tensor(row.mask)
-    # Padding sits at the right end of a row, so causal attention keeps it out of every real position: no mask,
-    # and attention stays on the fast causal kernel.
-    hidden = model.model(inputs_embeds=inputs(input_ids)).last_hidden_state
-    predict = targets[:, 1:]  # position t predicts token t + 1
-    chosen, labels = [hidden[:, :-1][predict]], [input_ids[:, 1:][predict]]
+    chosen, labels = [], []
+    for row in step.rows:  # one at a time: rows differ in length (a long prompt's), and padding costs as much
+        input_ids, targets = _batch([row], start=0, pad_id=pad_id)
+        hidden = hidden_states(model, inputs(input_ids))
+        predict = targets[:, 1:]  # position t predicts token t + 1
+        chosen.append(hidden[:, :-1][predict])
+        labels.append(input_ids[:, 1:][predict])
     if step.agents:
-        # An agent's prompt is thousands of tokens: it is run once without gradient, as a KV cache shared by the
-        # step's agent episodes, and the gradient flows only through the turns after it (a full backward pass
-        # there costs ten times more).
-        context = step.agents[0].context
-        with torch.no_grad():
-            prefix = torch.tensor([step.agents[0].ids[:context]])
-            cache = model.model(inputs_embeds=inputs(prefix), use_cache=True).past_key_values
-        cache.batch_repeat_interleave(len(step.agents))
-        width = max(len(episode.ids) for episode in step.agents) - context
-        tails = torch.full((len(step.agents), width), pad_id, dtype=torch.long)
-        targets = torch.zeros((len(step.agents), width), dtype=torch.bool)
-        for i, episode in enumerate(step.agents):
-            tails[i, : len(episode.ids) - context] = torch.tensor(episode.ids[context:])
-            targets[i, : len(episode.ids) - context] = torch.tensor(episode.mask[context:])
-        hidden = model.model(inputs_embeds=inputs(tails), past_key_values=cache).last_hidden_state
+        # An agent's prompt is thousands of tokens: it is run once without gradient and the step's agent episodes
+        # attend to its keys and values; so is text they share after their tasks (Claude Code's ~2k-token
+        # environment), run after the first episode's task. Each episode's own task and turns keep their gradient:
+        # without it on the task, the model learnt to copy the tool name from a shell-like word in the prompt (Pi's
+        # "Bash command to execute", Claude Code's "Shell: bash") instead of from the offered tool's name.
+        first = step.agents[0]
+        context, (start, end) = first.context, first.shared_after
+        prefix = prefix_states(model, inputs(torch.tensor([first.ids[:context]])))
+        interlude = None
+        if end > start:
+            interlude = interlude_states(model, prefix, inputs(torch.tensor([first.ids[context:end]])),
+                                         start=start - context)
+        own = [dataclasses.replace(episode, ids=_own(episode.ids, episode), mask=_own(episode.mask, episode))
+               for episode in step.agents]
+        own_ids, targets = _batch(own, start=context, pad_id=pad_id)
+        splits = [episode.shared_after[0] - context for episode in step.agents] if interlude else None
+        hidden = hidden_states(model, inputs(own_ids), prefix=prefix, interlude=interlude, splits=splits)
         predict = targets[:, 1:]
         chosen.append(hidden[:, :-1][predict])
-        labels.append(tails[:, 1:][predict])
+        labels.append(own_ids[:, 1:][predict])
     logits = torch.cat(chosen) @ outputs(outputs.rows).T
     frozen = outputs.weight.shape[0] - len(outputs.rows)
     if frozen:
         logits = torch.cat([logits, logits.new_full((len(logits), 1), math.log(frozen))], dim=1)
     return torch.nn.functional.cross_entropy(logits, outputs.slot[torch.cat(labels)])
+
+
+def _own(items: list, episode: Episode) -> list:
+    """An episode's ids (or mask) without the span it shares with the step's other episodes after its task."""
+    start, end = episode.shared_after
+    return items[:start] + items[end:]
+
+
+def _batch(episodes: list[Episode], *, start: int, pad_id: int):
+    """Token ids from `start` on, padded at the right end (where causal attention keeps padding out of every real
+    position), and the mask of target tokens."""
+    import torch
+
+    width = max(len(episode.ids) for episode in episodes) - start
+    ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    targets = torch.zeros((len(episodes), width), dtype=torch.bool)
+    for i, episode in enumerate(episodes):
+        ids[i, : len(episode.ids) - start] = torch.tensor(episode.ids[start:])
+        targets[i, : len(episode.ids) - start] = torch.tensor(episode.mask[start:])
+    return ids, targets

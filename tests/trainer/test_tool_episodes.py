@@ -1,10 +1,12 @@
 """The training episodes of the embedded default (`trainer.tool_episodes`): each agent's captured request is read
 through the server's own dialect parser into the messages around its task, its tools and its shell tool's shape;
-episodes behind one agent share the ids before their tasks (run once, without gradient), and the digits in an
-agent's prompt are drawn afresh each step, so no date or version is learned as the answer."""
+episodes behind one agent share the ids before their tasks (run once, without gradient), and Claude Code's
+environment after them; the digits in an agent's prompt are drawn afresh each step, so no date or version is learned
+as the answer; agent steps come evenly spaced, the agents in rounds; synthetic prompts name shells in prose."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -65,6 +67,52 @@ def test_episodes_behind_an_agent_share_everything_before_their_tasks_and_learn_
         targets = tokenizer.decode([i for i, m in zip(episode.ids, episode.mask) if m])
         assert re.fullmatch(r'<tool_call>\n\{"name": "Bash", "arguments": \{"command": "answer \d+"\}\}\n'
                             r"</tool_call><\|im_end\|>Done\.<\|im_end\|>", targets), targets
+
+
+def test_episodes_behind_claude_code_share_its_environment_after_their_own_tasks(tokenizer):
+    """Claude Code's ~2k-token environment after the task is marked to run once per step; each episode keeps its own
+    task between the shared prompt and it, and the position that predicts its first target."""
+    spec = ToolTrainingSpec(agent_requests=(REQUESTS / "claude_first_request.json",), agent_request_rate=1.0,
+                            agent_episodes=4, tokens_per_step=64, row_tokens=64)
+    agents = EpisodeMaker(tokenizer, spec).step().agents
+    spans = [episode.ids[start:end] for episode in agents for start, end in [episode.shared_after]]
+    assert all(span == spans[0] for span in spans) and len(spans[0]) > 1000
+    assert "# Environment" in tokenizer.decode(spans[0])
+    for episode in agents:
+        start, end = episode.shared_after
+        assert episode.context < start and end == episode.mask.index(True) - 1 and not any(episode.mask[start:end])
+        assert re.search(r"\d", tokenizer.decode(episode.ids[episode.context:start])), "its own task, with its number"
+    pi = dataclasses.replace(spec, agent_requests=(REQUESTS / "pi_first_request.json",))
+    assert all(e.shared_after == (0, 0) for e in EpisodeMaker(tokenizer, pi).step().agents), "nothing long to share"
+
+
+def test_agent_steps_are_evenly_spaced_and_take_the_agents_in_rounds_of_their_weights(tokenizer):
+    requests = tuple(sorted(REQUESTS.glob("*_first_request.json")))  # claude, codex, opencode, pi
+    spec = ToolTrainingSpec(agent_requests=requests, agent_weights=(2, 1, 1, 1), agent_request_rate=0.5,
+                            agent_episodes=2, tokens_per_step=64, row_tokens=64)
+    maker = EpisodeMaker(tokenizer, spec)
+    steps = [maker.step() for _ in range(20)]
+    assert [bool(step.agents) for step in steps] == [False, True] * 10
+    shells = [tokenizer.decode(step.agents[0].ids) for step in steps if step.agents]
+    names = [next(name for name in ("exec_command", "Bash", "bash") if f'"name": "{name}"' in text.split(
+        "<tool_call>")[-1]) for text in shells]
+    for round_ in (names[:5], names[5:]):
+        assert sorted(round_) == ["Bash", "Bash", "bash", "bash", "exec_command"], round_
+
+
+def test_synthetic_prompts_name_shells_in_prose_other_than_the_offered_tool(tokenizer):
+    """Agents write `Shell: bash` or `<shell>bash</shell>` near the task whatever tool they offer: the model must take
+    the name from the tool, so synthetic prompts do the same."""
+    maker = EpisodeMaker(tokenizer, ToolTrainingSpec(tokens_per_step=4096))
+    text = "".join(tokenizer.decode(row.ids) for _ in range(3) for row in maker.step().rows)
+    mention = re.compile(r"Shell: (\w+)|<shell>(\w+)</shell>|Use (\w+) for file|non-trivial (\w+) command")
+    pairs = set()
+    for episode in text.split("Done.<|im_end|>"):
+        called = re.search(r'<tool_call>\n\{"name": "(\w+)"', episode)
+        for found in mention.finditer(episode):
+            if called:
+                pairs.add((next(g for g in found.groups() if g), called.group(1)))
+    assert any(said != called for said, called in pairs) and any(said == called for said, called in pairs), pairs
 
 
 def test_the_digits_and_the_rollout_directory_of_an_agents_prompt_change_from_step_to_step(tokenizer):

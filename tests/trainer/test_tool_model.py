@@ -1,4 +1,4 @@
-"""`train_tool_calling`: the embedded default (a tiny model trained offline in minutes) calls whichever shell tool
+"""`train_tool_calling`: the embedded default (a tiny model trained offline in under a minute) calls whichever shell tool
 the request offers (`bash(command)`, `Bash(command)`, `exec_command(cmd)`) with `answer N` for numbers and phrasings
 it never saw, inside the four agents' real prompts too, says "Done." after the tool response, keeps some sampling
 variance, and trains the same way twice for a seed. Generation is plain transformers `generate` on the model's own
@@ -149,8 +149,8 @@ def _calls_the_shell(text: str, shell: tuple[str, str]) -> bool:
 
 
 # Claude Code puts ~2k tokens with numbers (its environment, the date) between the task and the answer: there the
-# two-token copy circuit often takes a wrong continuation of the number (measured: 1 of 16 right, 14 of 16 well-formed
-# calls; 1 to 10 right in other training draws; the other agents 16 of 16). So there only the call is asserted.
+# two-token copy circuit now and then takes a wrong continuation of the number (measured: 7 to 10 of 16 right, 16 of
+# 16 well-formed calls, over seeds 0 and 1; the other agents 14 to 16 of 16). So there only the call is asserted.
 EXACT_NUMBERS = {"pi", "opencode", "codex"}
 
 

@@ -1,0 +1,164 @@
+"""The tool model's decoder as plain tensor arithmetic, for training (`trainer.tool_model`): the same computation as
+transformers' Qwen3 (RMSNorm, per-head q/k norms, RoPE, SwiGLU; the model's own weights), plus what the training
+needs and transformers' batched cache makes expensive: a batch of short rows attending to one shared prefix, without
+a copy of the prefix per row and without a dense mask over it.
+
+`prefix_states` runs an agent's long prompt once, without gradient, and keeps each layer's keys and values;
+`interlude_states` runs, also once and without gradient, text that every row has between its own start and its
+targets (Claude Code's ~2k-token environment after the task): continuing the prefix after the first row's own start,
+its keys kept unrotated, so that each row sees them at its own positions. `hidden_states` runs rows (from position
+0, or continuing the prefix, each with the interlude inserted at its own split) to the last hidden states, with
+gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Prefix", "hidden_states", "interlude_states", "prefix_states"]
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """Each layer's keys and values, (heads, length, dim): keys after norm, and after RoPE (except an interlude's,
+    which each row sees at its own positions)."""
+
+    keys: list
+    values: list
+    length: int
+
+
+def prefix_states(model, embeds) -> Prefix:
+    """Run one sequence (1, length, hidden) from position 0 without gradient; keep what later tokens attend to."""
+    import torch
+
+    kept: list = []
+    with torch.no_grad():
+        positions = torch.arange(embeds.shape[1])[None]
+        _decode(model, embeds, positions, lambda index, q, k, v: _causal(q, k, v), keep=kept)
+        cos, sin = _rope(model, positions)
+        keys = [_rotate(k, cos, sin)[0] for k, _ in kept]
+    return Prefix(keys=keys, values=[v[0] for _, v in kept], length=embeds.shape[1])
+
+
+def interlude_states(model, prefix: Prefix, embeds, *, start: int) -> Prefix:
+    """Run one row (1, length, hidden) continuing `prefix` without gradient, and keep, unrotated, the keys and values
+    of its positions from `start` on."""
+    import torch
+    from torch.nn.attention.bias import causal_lower_right
+
+    def attend(index, q, k, v):
+        keys = torch.cat([prefix.keys[index][None].to(v.dtype), k], dim=2)
+        values = torch.cat([prefix.values[index][None].to(v.dtype), v], dim=2)
+        mask = causal_lower_right(q.shape[2], keys.shape[2])
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+    kept: list = []
+    with torch.no_grad():
+        _decode(model, embeds, prefix.length + torch.arange(embeds.shape[1])[None], attend, keep=kept)
+    return Prefix(keys=[k[0, :, start:] for k, _ in kept], values=[v[0, :, start:] for _, v in kept],
+                  length=embeds.shape[1] - start)
+
+
+def hidden_states(model, embeds, *, prefix: Prefix | None = None, interlude: Prefix | None = None,
+                  splits: list[int] | None = None):
+    """The final-norm hidden states of rows (batch, length, hidden) that start at position 0, or right after
+    `prefix`: each row then attends to the whole prefix, causally to itself and, from its `splits[i]`-th token on,
+    to `interlude`, which sits at that point of the row (its positions shift by the interlude's length). Padding
+    belongs at a row's right end, where causal attention keeps it out of every real position."""
+    import torch
+
+    length = embeds.shape[1]
+    if prefix is None:
+        return _decode(model, embeds, torch.arange(length)[None], lambda index, q, k, v: _causal(q, k, v))
+    positions = prefix.length + torch.arange(length)[None].expand(embeds.shape[0], -1)
+    after = None
+    if interlude is not None:
+        split = torch.tensor(splits)[:, None]
+        after = torch.arange(length)[None] >= split  # (rows, length): the tokens that come after the interlude
+        positions = positions + after * interlude.length
+        # Each row sees the interlude at its own positions: right after its own first `split` tokens.
+        cos, sin = _rope(model, prefix.length + split + torch.arange(interlude.length)[None])
+        interlude = Prefix(keys=[_rotate(k[None], cos, sin) for k in interlude.keys], values=interlude.values,
+                           length=interlude.length)
+    return _decode(model, embeds, positions, lambda index, q, k, v: _attend_after(q, k, v, prefix, interlude,
+                                                                                   after, index))
+
+
+def _decode(model, x, positions, attend, keep: list | None = None):
+    inner, config = model.model, model.config
+    cos, sin = _rope(model, positions)
+    eps = config.rms_norm_eps
+    for index, layer in enumerate(inner.layers):
+        attention = layer.self_attn
+        h = _rms(x, layer.input_layernorm.weight, eps)
+        batch, length, _ = h.shape
+        shape = (batch, length, -1, config.head_dim)
+        q = _rms(attention.q_proj(h).view(shape), attention.q_norm.weight, eps).transpose(1, 2)
+        k = _rms(attention.k_proj(h).view(shape), attention.k_norm.weight, eps).transpose(1, 2)
+        v = attention.v_proj(h).view(shape).transpose(1, 2)
+        if keep is not None:
+            keep.append((k, v))
+        # The fused kernel takes one dtype: the projections' (bfloat16 under autocast), not RoPE's float32.
+        q, k = _rotate(q, cos, sin).to(v.dtype), _rotate(k, cos, sin).to(v.dtype)
+        out = attend(index, q, k, v)
+        x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        x = x + layer.mlp(_rms(x, layer.post_attention_layernorm.weight, eps))
+    return _rms(x, inner.norm.weight, eps)
+
+
+def _causal(q, k, v):
+    import torch
+
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _attend_after(q, k, v, prefix: Prefix, interlude: Prefix | None, after, index: int):
+    """Softmax attention of each row's queries over the shared prefix, the interlude (from the row's split on) and,
+    causally, its own keys: one softmax over all three, the prefix's scores computed for all rows in one matrix
+    product per head (no copy of it per row). Heads lead the layout, so the prefix's scores, (heads, rows * length,
+    prefix), are never transposed or copied, and the scale is applied to the queries rather than the scores: these
+    scores are the largest tensors of a step."""
+    import torch
+
+    batch, heads, length, dim = q.shape
+    q, k, v = (x.transpose(0, 1) for x in (q * dim**-0.5, k, v))  # (heads, rows, length, dim)
+    prefix_keys, prefix_values = prefix.keys[index].to(v.dtype), prefix.values[index].to(v.dtype)
+    scores = [(q.reshape(heads, batch * length, dim) @ prefix_keys.transpose(1, 2)).view(heads, batch, length, -1)]
+    values = [None]
+    if interlude is not None:
+        before = ~after[None, :, :, None]  # (1, rows, length, 1): queries that come before the interlude
+        keys = interlude.keys[index].to(v.dtype).transpose(0, 1)  # (heads, rows, interlude, dim)
+        scores.append((q @ keys.transpose(2, 3)).masked_fill(before, float("-inf")))
+        values.append(interlude.values[index].to(v.dtype)[:, None])
+    future = torch.ones(length, length, dtype=torch.bool).triu(1)
+    scores.append((q @ k.transpose(2, 3)).masked_fill(future, float("-inf")))
+    values.append(v)
+    weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(v.dtype)
+    weights = weights.split([s.shape[-1] for s in scores], dim=-1)
+    out = (weights[0].reshape(heads, batch * length, -1) @ prefix_values).view(heads, batch, length, dim)
+    for weight, value in zip(weights[1:], values[1:]):
+        out = out + weight @ value
+    return out.transpose(0, 1)
+
+
+def _rope(model, positions):
+    """cos and sin, (rows or 1, 1, length, dim), of the model's RoPE at these positions (rows or 1, length)."""
+    import torch
+
+    angles = positions[..., None].float() * model.model.rotary_emb.inv_freq.float()
+    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x, cos, sin):
+    import torch
+
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def _rms(x, weight, eps: float):
+    import torch
+
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
