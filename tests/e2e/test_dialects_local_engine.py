@@ -38,10 +38,11 @@ def codex_spec() -> CodexAgent:
 
 # Greedy, the tiny model copies the number right inside Codex's prompt; inside Claude Code's, which puts ~2k tokens
 # with numbers (its environment with the working directory and today's date) between the task and the answer, it
-# mostly copies a number wrong or runs on with digits (1 of 16 right on the captured prompt: tests/trainer/
+# now and then copies a number wrong or runs on with digits (7 to 10 of 16 right on the captured prompt: tests/trainer/
 # test_tool_model.py and bench/bench_tool_model.py have the rates). Which numbers the live prompt holds changes with
 # the day and the machine, so for Claude Code only the grading is asserted: the reward says whether the answer the
-# agent's tool call submitted is right.
+# agent's tool call submitted is right, and one rollout of three at least made the call (a rollout whose model
+# named the tool wrong, or said it was done first, ends unanswered).
 @pytest.mark.parametrize(("make_spec", "rewards"), [(claude_spec, 0), (codex_spec, 2)], ids=["claude", "codex"])
 async def test_the_agent_runs_the_shell_tool_the_local_model_called_and_is_graded(make_spec, rewards, tool_model_dir,
                                                                                   tmp_path):
@@ -57,11 +58,13 @@ async def test_the_agent_runs_the_shell_tool_the_local_model_called_and_is_grade
             outcomes = [(r.status, r.failure and r.failure.cause, r.answer, r.reward) for r in records]
             assert all(r.status == "ok" or (r.status == "failed" and r.failure.cause == "agent")
                        for r in records), outcomes  # never an infrastructure failure
-            assert all(r.answer is not None for r in records if r.status == "ok"), outcomes  # ran the tool call
+            answered = [r.answer is not None for r in records if r.status == "ok"]
+            assert any(answered) if make_spec is claude_spec else all(answered), outcomes  # ran the tool call
             expected = {t.id: t.grader.expected for t in tasks}
             for r in records:  # graded on the host from the answer the agent's tool call submitted
                 if r.status == "ok":
-                    right = r.answer.strip().isdigit() and int(r.answer) == int(expected[r.metadata["task_id"]])
+                    right = r.answer is not None and r.answer.strip().isdigit() and (
+                        int(r.answer) == int(expected[r.metadata["task_id"]]))
                     assert r.reward == (1.0 if right else 0.0), outcomes
             assert sum(r.reward == 1.0 for r in records) >= rewards, outcomes
             looped = [s for r in records for s in r.samples if not s.auxiliary and len(s.turns) >= 2]
