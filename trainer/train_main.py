@@ -25,6 +25,7 @@ The config file is TOML; every key is optional except `tasks`:
     dtype = "auto"                  # auto | float32 | bfloat16 | float16: bf16 on a CUDA GPU, fp32 on CPU
     allow_dtype_mismatch = false    # train even when the generator serves another dtype (precision.py)
     device = "auto"                 # the local engine's device: auto (cuda when present) | cpu | cuda | cuda:N
+    weight_sync = "reload"          # reload | nccl: a vLLM upstream gets weights from disk, or by TRL's NCCL client
     fleet = ""                      # "ray": rollouts run on a Ray fleet, one interception node per Ray node
                                     # (trainer/fleet.py); "ray://HOST:PORT" joins that cluster
 
@@ -72,6 +73,7 @@ class TrainConfig:
     dtype: str = "auto"
     allow_dtype_mismatch: bool = False
     device: str = "auto"
+    weight_sync: str = "reload"
     fleet: str = ""
 
     def __post_init__(self) -> None:
@@ -90,6 +92,10 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        if self.weight_sync not in ("reload", "nccl"):
+            raise ValueError(f"weight_sync must be 'reload' or 'nccl', not {self.weight_sync!r}")
+        if self.weight_sync == "nccl" and (self.upstream == "local" or "," in self.upstream):
+            raise ValueError("weight_sync = 'nccl' is TRL's transfer to one vLLM server: upstream must be its URL")
         if self.fleet and self.fleet != "ray" and not self.fleet.startswith("ray://"):
             raise ValueError(f"fleet must be '', 'ray' or 'ray://HOST:PORT', not {self.fleet!r}")
 
@@ -222,15 +228,18 @@ async def train(config: TrainConfig) -> TrainResult:
                 filter=GroupFilter(),
             ),
         )
+        gate = server if groups is runner else groups
         if engine is not None:
             inner = LocalEngineTransfer(engine, loop=loop)
+        elif config.weight_sync == "nccl":
+            inner = None  # TRL builds its NCCL WeightTransferClient (it needs vLLM importable here); gated below
         else:  # every replica reloads the same files, each from its own directory
             inner = FanOutTransfer(
                 ReloadFromDiskTransfer(base_url=url, weights_dir=config.out / "weights" / str(i), config_dir=model_dir)
                 for i, url in enumerate(urls)
             ) if len(urls) > 1 else ReloadFromDiskTransfer(base_url=urls[0], weights_dir=config.out / "weights",
                                                            config_dir=model_dir)
-        transfer = GatedTransfer(inner, gate=server if groups is runner else groups, loop=loop)
+        transfer = GatedTransfer(inner, gate=gate, loop=loop) if inner is not None else None
         report_to = "trackio" if _installed("trackio") else "none"
         args = AsyncGRPOConfig(
             **(CPU_CONFIG if on_cpu else {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}),
@@ -248,6 +257,7 @@ async def train(config: TrainConfig) -> TrainResult:
             logging_steps=1,
             disable_tqdm=True,
             seed=config.seed,
+            **({"vllm_server_base_url": urls[0].rstrip("/").removesuffix("/v1")} if transfer is None else {}),
         )
         rewards: dict[int, float] = {}
         trainer = with_logprob_gap(AsyncGRPOTrainer)(
@@ -258,6 +268,8 @@ async def train(config: TrainConfig) -> TrainResult:
             weight_transfer=transfer,
             callbacks=[_log_callback(metrics_path, rewards)],
         )
+        if transfer is None:  # TRL's own NCCL client: every sync still goes through the interception gate
+            trainer.weight_transfer = GatedTransfer(trainer.weight_transfer, gate=gate, loop=loop)
         await asyncio.to_thread(trainer.train)
         version = engine.weight_version if engine is not None else None
     per_step = [rewards[step] for step in sorted(rewards)]

@@ -74,3 +74,27 @@ async def test_a_generator_serving_another_dtype_is_refused_before_training(tiny
             await train(config)
     setup = json.loads((config.out / "setup.json").read_text())
     assert setup["generator_dtype"] == "bfloat16" and "bfloat16" in setup["dtype_mismatch"]
+
+
+def test_nccl_weight_sync_needs_one_vllm_url(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    with pytest.raises(ValueError, match="upstream must be its URL"):
+        TrainConfig(tasks=tasks, upstream="local", weight_sync="nccl")
+    with pytest.raises(ValueError, match="upstream must be its URL"):
+        TrainConfig(tasks=tasks, upstream="http://a:8000,http://b:8000", weight_sync="nccl")
+    with pytest.raises(ValueError, match="weight_sync must be"):
+        TrainConfig(tasks=tasks, weight_sync="gloo")
+
+
+async def test_nccl_weight_sync_builds_trls_own_client(tiny_model_dir, tmp_path):
+    """Without vLLM in the trainer's environment (this one), TRL's NCCL client refuses to be built: the run reached it."""
+    from trainer.engine import EngineConfig, LocalEngine
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t", "instruction": "Say anything.", "grader": {"kind": "command",
+                                                                                         "command": "true"}}) + "\n")
+    async with LocalEngine(EngineConfig(model=tiny_model_dir, port=0)) as engine:
+        config = TrainConfig(tasks=tasks, model=tiny_model_dir, upstream=engine.base_url, out=tmp_path / "run",
+                             weight_sync="nccl")
+        with pytest.raises(ImportError, match="vLLM is required to use WeightTransferClient"):
+            await train(config)
