@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 if TYPE_CHECKING:
     from .server import InterceptionServer
 
-__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
+__all__ = ["ServerMetrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -42,6 +42,24 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def observe_turn(self, result) -> None:
+        """A turn the gate answered (its `TurnResult`): its tokens."""
+        self.prompt_tokens.inc(result.prompt_tokens)
+        self.sampled_tokens.inc(result.completion_tokens)
+
+    def route(self, admin_token: str | None):
+        """The `GET /metrics` handler: the admin token asked for when one is configured."""
+        from aiohttp import web
+
+        from .admin import authorize_admin
+
+        async def metrics(request: web.Request) -> web.Response:
+            if admin_token is not None:
+                authorize_admin(request, admin_token)
+            return web.Response(body=self.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        return metrics
 
 
 class _State:

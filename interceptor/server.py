@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .admin import add_admin_routes, authorize_admin
+from .admin import add_admin_routes
 from .config import SamplingSettings, ServerConfig
 from .dialects import Dialect, error_for
 from .dialects.chat import CHAT
@@ -48,7 +48,7 @@ from .rendering import Renderer, RendererConfig
 from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
 from .trajectory import Trajectory
-from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from .metrics import ServerMetrics
 from .replicas import ReplicaSet
 
 __all__ = ["InterceptionServer", "RolloutHandle", "HostTool"]
@@ -110,10 +110,10 @@ class InterceptionServer:
         if self.config.mode == "interception_gate":
             self.policy = await self._load_policy()
             self.policy.journal_turn = self._journal_turn
-            self.policy.observe_turn = self._observe_turn
+            self.policy.observe_turn = self.metrics.observe_turn
         app = web.Application(middlewares=[errors_middleware_for(error_for)], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metrics", self.metrics.route(self.config.admin_token))
         add_admin_routes(app, self)
         for dialect in (CHAT, MESSAGES, RESPONSES):
             app.router.add_post(f"/rollout/{{rid}}/v1/{dialect.path}", functools.partial(self._turn, dialect=dialect))
@@ -307,15 +307,6 @@ class InterceptionServer:
 
     def _authorize(self, request: web.Request, *, tools: bool = False, dialect: Dialect = CHAT) -> Rollout:
         return self.registry.authorize(request.match_info["rid"], dialect.authorization(request), tools=tools)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        if self.config.admin_token is not None:
-            authorize_admin(request, self.config.admin_token)
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    def _observe_turn(self, result) -> None:
-        self.metrics.prompt_tokens.inc(result.prompt_tokens)
-        self.metrics.sampled_tokens.inc(result.completion_tokens)
 
     async def _turn(self, request: web.Request, *, dialect: Dialect) -> web.StreamResponse:
         rollout = self._authorize(request, dialect=dialect)

@@ -49,7 +49,7 @@ def tasks_file(tmp_path: Path) -> Path:
 
 
 def runner_config(delay_s: float) -> RunnerConfig:
-    agent = CommandAgent(argv=(sys.executable, str(HERE / "slow_agent.py"), str(delay_s)))
+    agent = CommandAgent(argv=(sys.executable, str(HERE / "parity_task.py"), str(delay_s)))
     return RunnerConfig(agent=agent, sampling=SamplingSettings(temperature=1.0, max_tokens=4), concurrency=4)
 
 
@@ -105,7 +105,7 @@ async def test_grpo_steps_train_on_groups_from_the_fleet_and_go_on_when_a_node_i
     survivors = [w for w in workers if w in head_and_workers.worker_nodes]  # an earlier test may have removed one
     tasks = tasks_file(tmp_path)
     config = TrainConfig(tasks=tasks, model=tiny_model_dir, agent="command",
-                         command=f"{sys.executable} {HERE / 'slow_agent.py'} 0.5", out=tmp_path / "run",
+                         command=f"{sys.executable} {HERE / 'parity_task.py'} 0.5", out=tmp_path / "run",
                          max_tokens=4, num_generations=4, samples_per_step=4, max_steps=3, learning_rate=1e-3,
                          concurrency=4, fleet="ray")
     metrics = config.out / "metrics.jsonl"
