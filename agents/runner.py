@@ -136,7 +136,7 @@ class Runner:
     async def run_rollout(self, task: Task, *, metadata: dict | None = None) -> RolloutRecord:
         async with self._slots:
             handle = self.server.open_rollout(
-                sampling=self.config.sampling, metadata={"task_id": task.id, **(metadata or {})}
+                sampling=self.config.sampling, metadata={"task_id": task.id, "agent": self.config.agent.name, **(metadata or {})}
             )
             status, failure, reward = "ok", None, None
             try:

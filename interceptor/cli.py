@@ -1,42 +1,91 @@
-"""The `interceptor` command. Subcommands import what they need when they run, so `interceptor serve` and
-`interceptor inspect` never load torch."""
+"""The `interceptor` command line: a parser that packages contribute subcommands to.
+
+This module owns `main()`, the parser and the subcommands of its own package (`serve`, `inspect`, `view`). Higher
+packages (`agents`, `trainer`) contribute theirs through the entry-point group `interceptor.commands` (pyproject.toml): each
+entry point names a `register(commands: CommandRegistry)` function, so nothing here imports upward. Handlers import
+what they need when they run, so `interceptor serve` and `interceptor inspect` never load torch.
+
+A package whose commands fail to load (an extra not installed) does not break the others: naming one of its commands
+answers with the extra to install (exit 2), as does a handler that finds an extra's dependency missing. Two packages
+registering the same command name is an error naming both.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-__all__ = ["main"]
+__all__ = ["ENTRY_POINT_GROUP", "CommandConflict", "CommandRegistry", "Handler", "main"]
 
+ENTRY_POINT_GROUP = "interceptor.commands"
+DISTRIBUTION = "interceptor"  # whose extras (pyproject.toml) name the optional dependencies of commands
 
-def _make_tiny_model(args: argparse.Namespace) -> int:
-    """OUT is replaced when it is absent, empty or a model this command wrote; anything else is refused (exit 2).
-    With --tool-calling, OUT is kept when it already holds that exact trained model."""
-    from trainer.tiny_model import ModelDirError, TinyModelSpec, make_tiny_model
+# What `interceptor --help` has always said about itself (kept apart from the module docstring above).
+_DESCRIPTION = (
+    "The `interceptor` command. Subcommands import what they need when they run, so `interceptor serve` and\n"
+    "`interceptor inspect` never load torch."
+)
 
-    try:
-        if args.tool_calling:
-            import dataclasses
-
-            from trainer.local_model import LOCAL_TRAINING, make_local_model
-
-            steps = LOCAL_TRAINING.steps if args.train_steps is None else args.train_steps
-            make_local_model(args.out, training=dataclasses.replace(LOCAL_TRAINING, steps=steps))
-            print(f"{args.out} holds a tiny Qwen3 model trained to call tools")
-            return 0
-        out = make_tiny_model(args.out, TinyModelSpec(real_vocab=args.real_vocab, seed=args.seed))
-    except ModelDirError as exc:
-        print(f"interceptor make-tiny-model: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote a tiny Qwen3 model with random weights to {out}")
-    return 0
+Handler = Callable[[argparse.Namespace], int]
 
 
-def _engine(args: argparse.Namespace) -> int:
-    from trainer.engine.main import run_engine_from_args
+class CommandConflict(Exception):
+    """Two packages registered a subcommand of the same name."""
 
-    return run_engine_from_args(args)
+
+class CommandsEntryPoint(Protocol):
+    """The part of `importlib.metadata.EntryPoint` the command line uses."""
+
+    name: str
+    value: str
+
+    def load(self) -> Any: ...
+
+
+class CommandRegistry:
+    """What a package's `register(commands)` is given: `add` puts one subcommand on the `interceptor` parser."""
+
+    def __init__(self, subparsers: argparse._SubParsersAction, *, package: str,
+                 owners: dict[str, str] | None = None) -> None:
+        self._subparsers = subparsers
+        self._package = package
+        self._owners = {} if owners is None else owners  # command name -> the package that registered it
+
+    def for_package(self, package: str) -> CommandRegistry:
+        """The same parser, adding commands in `package`'s name (so a clash can name both packages)."""
+        return CommandRegistry(self._subparsers, package=package, owners=self._owners)
+
+    def add(self, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        if (owner := self._owners.get(name)) is not None:
+            raise CommandConflict(f"the command {name!r} is registered twice: by {owner} and by {self._package}")
+        self._owners[name] = self._package
+        sub = self._subparsers.add_parser(name, help=help, description=help)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._owners)
+
+
+@dataclass(frozen=True, slots=True)
+class _Unavailable:
+    """A package whose commands could not be registered, and why."""
+
+    source: str  # "trainer (trainer.cli:register)"
+    error: BaseException
+
+    def explain(self) -> str:
+        missing = _missing_module(self.error)
+        reason = f"{type(self.error).__name__}: {self.error}"
+        if missing is not None and (extra := _extra_providing(missing)) is not None:
+            return f"the commands of {self.source} need {missing}: pip install '{DISTRIBUTION}[{extra}]' ({reason})"
+        return f"the commands of {self.source} could not be loaded ({reason})"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -51,28 +100,10 @@ def _inspect(args: argparse.Namespace) -> int:
     return run_inspect_from_args(args)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from trainer.run_main import run_from_args
+def _view(args: argparse.Namespace) -> int:
+    from .viewer.main import run_view_from_args
 
-    return run_from_args(args)
-
-
-def _agents_install(args: argparse.Namespace) -> int:
-    from agents.install import main as install_main
-
-    return install_main([*args.names, *(["--force"] if args.force else [])])
-
-
-def _train(args: argparse.Namespace) -> int:
-    from trainer.train_main import run_train_from_args
-
-    return run_train_from_args(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from trainer.demo import run_demo_from_args
-
-    return run_demo_from_args(args)
+    return run_view_from_args(args)
 
 
 def _positive(text: str) -> int:
@@ -82,47 +113,8 @@ def _positive(text: str) -> int:
     return value
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="interceptor", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
-        sub.set_defaults(handler=handler)
-        return sub
-
-    tiny = command("make-tiny-model", _make_tiny_model, "write a tiny random Qwen3 model directory (offline)")
-    tiny.add_argument("out")
-    tiny.add_argument("--real-vocab", action="store_true", help="use the real Qwen BPE vocabulary (151k tokens)")
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.add_argument(
-        "--tool-calling",
-        action="store_true",
-        help="the embedded default: real vocabulary, 32k context, trained offline (~1-2 min) to answer with a tool call",
-    )
-    tiny.add_argument(
-        "--train-steps",
-        type=int,
-        default=None,
-        help="with --tool-calling: training steps (default: the embedded default's); fewer make a weaker policy",
-    )
-
-    engine = command("engine", _engine, "serve a local policy (CPU or a CUDA GPU) with vLLM's /v1/completions API")
-    engine.add_argument("--model", required=True, help="a transformers model directory")
-    engine.add_argument("--host", default="127.0.0.1")
-    engine.add_argument("--port", type=int, default=8000)
-    engine.add_argument("--served-model-name", default=None)
-    engine.add_argument("--max-model-len", type=int, default=None)
-    engine.add_argument(
-        "--logprobs-mode", choices=("raw_logprobs", "processed_logprobs"), default="raw_logprobs"
-    )
-    engine.add_argument("--max-batch-size", type=int, default=8)
-    engine.add_argument("--threads", type=int, default=1, help="torch threads for generation")
-    engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (vLLM's --device)")
-    engine.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                        help="the weights' dtype (vLLM's --dtype)")
-
-    serve = command("serve", _serve, "run the interception server in front of a policy server")
+def _register_own(commands: CommandRegistry) -> None:
+    serve = commands.add("serve", _serve, "run the interception server in front of a policy server")
     serve.add_argument("--upstream", required=True, action="append",
                        help="base URL of vLLM or the local engine (or an OpenAI API); repeat it for replicas of the "
                             "policy, each rollout pinned to one")
@@ -148,36 +140,107 @@ def _build_parser() -> argparse.ArgumentParser:
         "--admin-token-file", help="write the admin token here (mode 0600) when INTERCEPTOR_ADMIN_TOKEN is unset"
     )
 
-    inspect = command("inspect", _inspect, "summarise a trajectory file, or show one rollout's turns")
+    inspect = commands.add("inspect", _inspect, "summarise a trajectory file, or show one rollout's turns")
     inspect.add_argument("file")
     inspect.add_argument("--rollout", help="show this rollout's samples and turns")
     inspect.add_argument("--model", help="a model directory whose tokenizer decodes the spans")
+    view = commands.add("view", _view, "a web page over a run's records and metrics: the table, each rollout's tokens, "
+                                       "live while the run writes")
+    from .viewer.arguments import add_view_arguments
 
-    from agents.run_args import add_run_arguments
-
-    run = command("run", _run, "run an agent (pi, opencode, or a command) on a task file, graded on the host")
-    add_run_arguments(run)
-
-    install = command("agents", _agents_install, "install a pinned agent from npm: interceptor agents install NAME")
-    install.add_argument("action", choices=("install",))
-    install.add_argument("names", nargs="+", choices=("pi", "opencode"), metavar="NAME")
-    install.add_argument("--force", action="store_true")
-
-    train = command("train", _train, "GRPO on a real agent: TRL AsyncGRPOTrainer fed by intercepted rollouts")
-    train.add_argument("--config", required=True, help="a TOML file (see trainer/train_main.py)")
-
-    demo = command("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
-    demo.add_argument("--workdir", default="runs/demo")
-    demo.add_argument("--turns", type=int, default=3, help="chat calls the demo agent makes")
-    return parser
+    add_view_arguments(view)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+def _installed_entry_points() -> list[CommandsEntryPoint]:
+    return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _build_parser(
+    entry_points: Iterable[CommandsEntryPoint],
+) -> tuple[argparse.ArgumentParser, CommandRegistry, list[_Unavailable]]:
+    parser = argparse.ArgumentParser(prog="interceptor", description=_DESCRIPTION)
+    commands = CommandRegistry(parser.add_subparsers(dest="command", required=True), package="interceptor")
+    _register_own(commands)
+    unavailable: list[_Unavailable] = []
+    for entry_point in sorted(entry_points, key=lambda ep: ep.name):
+        source = f"{entry_point.name} ({entry_point.value})"
+        try:
+            register = entry_point.load()
+            register(commands.for_package(source))
+        except CommandConflict:
+            raise
+        except Exception as exc:  # a capture point: one package that cannot load must not take down the others
+            unavailable.append(_Unavailable(source, exc))
+    if unavailable:
+        parser.epilog = "not available: " + "; ".join(u.explain() for u in unavailable)
+    return parser, commands, unavailable
+
+
+def _missing_module(error: BaseException) -> str | None:
+    """The top-level module whose absence caused `error` (or its cause), if that is what happened."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ModuleNotFoundError) and current.name:
+            return current.name.partition(".")[0]
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _extra_providing(module: str) -> str | None:
+    """The extra of this distribution that installs `module`, read from its metadata ('torch' -> 'train')."""
+    try:
+        requirements = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    wanted = _normalized(module)
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        name = re.split(r"[\s<>=!~\[(]", spec.strip(), maxsplit=1)[0]
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if extra is not None and _normalized(name) == wanted:
+            return extra.group(1)
+    return None
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand the user named: the top-level parser has no options but -h, so it is the first word."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
+
+
+def main(argv: Sequence[str] | None = None, *, entry_points: Iterable[CommandsEntryPoint] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser, commands, unavailable = _build_parser(
+            _installed_entry_points() if entry_points is None else entry_points
+        )
+    except CommandConflict as exc:
+        print(f"interceptor: error: {exc}", file=sys.stderr)
+        return 2
+    named = _named_command(argv)
+    if unavailable and named is not None and named not in commands.names:
+        for package in unavailable:
+            print(f"interceptor {named}: error: not available here; {package.explain()}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        # A command whose extra is not installed says which one, instead of a traceback from its lazy import.
+        missing = _missing_module(exc)
+        extra = None if missing is None else _extra_providing(missing)
+        if extra is None:
+            raise
+        print(f"interceptor {args.command}: error: needs {missing}, which is not installed: "
+              f"pip install '{DISTRIBUTION}[{extra}]'", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shlex
 import sys
 import time
@@ -153,10 +154,15 @@ async def run(args: argparse.Namespace) -> int:
     async with PolicyStack(stack_config, runner=runner_config, runner_options={"on_finished": progress}) as stack:
         print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {stack.upstream.base_url} ({args.mode})",
               flush=True)
+        # what `interceptor view OUT` reads to decode the tokens
+        (out / "setup.json").write_text(json.dumps({
+            "model": str(Path(stack.model_dir).resolve()) if stack.model_dir else None,
+            "agent": args.agent, "mode": args.mode,
+        }, indent=2) + "\n")
         records = await stack.runner.run_tasks(tasks, n=args.n)
     print()
     print(summary_table(records))
-    print(f"\ntrajectories: {record_path}  (interceptor inspect {record_path})")
+    print(f"\ntrajectories: {record_path}  (interceptor inspect {record_path}; interceptor view {out})")
     return 0 if any(r.status == "ok" for r in records) else 1
 
 

@@ -201,7 +201,8 @@ async def train(config: TrainConfig) -> TrainResult:
         mismatch = next((m for m in (dtype_mismatch(dtype, s) for s in served) if m), None)
         setup = {"attention": attention.name, "attention_reason": attention.reason, "trainer_dtype": dtype,
                  "generator_dtype": served[0] if len(set(served)) == 1 else served, "dtype_mismatch": mismatch,
-                 "engine_device": device if engine else None}
+                 "engine_device": device if engine else None,
+                 "model": str(Path(model_dir).resolve()) if model_dir else None}
         (config.out / "setup.json").write_text(json.dumps(setup, indent=2) + "\n")
         generator = setup["generator_dtype"] or "not reported"
         print(f"attention: {attention.reason}; dtype: trainer {dtype}, generator {generator}", flush=True)

@@ -1,0 +1,82 @@
+"""`interceptor view RUN_DIR_OR_FILE [--model DIR] [--host H] [--port P]`: serve the viewer on one local port.
+
+RUN_DIR_OR_FILE is a record file (`rollouts.jsonl`) or a run directory (its record files and `metrics.jsonl`, as
+`run` and `train` write them). The tokenizer for token text comes from `--model`, else from the model named in the
+run's `setup.json`; without one the page shows token ids. A token for the page is read from the environment
+variable INTERCEPTOR_VIEW_TOKEN (never from the command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from .app import viewer_app
+from .arguments import TOKEN_ENV
+from .detail import TokenText
+from .index import RecordIndex
+
+__all__ = ["mount_viewer", "open_viewer", "run_view_from_args"]
+
+
+def _model_of(target: Path) -> Path | None:
+    setup = (target if target.is_dir() else target.parent) / "setup.json"
+    try:
+        model = json.loads(setup.read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(model) if isinstance(model, str) else None
+
+
+def open_viewer(target: Path | str, *, model: Path | str | None = None, poll_s: float = 1.0,
+                token: str | None = None) -> web.Application:
+    """The viewer's application for a run (the files are read once here, then followed)."""
+    target = Path(target)
+    index = RecordIndex.open(target)
+    if model is not None:
+        text = TokenText.load(model)
+    else:  # the run's setup.json names it, perhaps only once the run has started
+        text = TokenText.load(_model_of(target), locate=lambda: _model_of(target))
+    return viewer_app(index, text, poll_s=poll_s, token=token)
+
+
+def mount_viewer(app: web.Application, viewer: web.Application, prefix: str = "/view") -> None:
+    """Serve `viewer` under `prefix` on another application (the interception server's port, in a Space)."""
+
+    async def to_page(request: web.Request) -> web.Response:
+        raise web.HTTPFound(prefix + "/" + (f"?{request.query_string}" if request.query_string else ""))
+
+    app.router.add_get(prefix, to_page)
+    app.add_subapp(prefix + "/", viewer)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    target = Path(args.target)
+    app = open_viewer(target, model=args.model, poll_s=args.poll, token=os.environ.get(TOKEN_ENV) or None)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"viewing {target} at http://{args.host}:{port}/ (Ctrl-C stops)", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def run_view_from_args(args: argparse.Namespace) -> int:
+    try:
+        asyncio.run(_serve(args))
+    except FileNotFoundError as exc:
+        print(f"interceptor view: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0

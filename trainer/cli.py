@@ -1,0 +1,109 @@
+"""The subcommands the trainer package adds to the `interceptor` command line: make-tiny-model, engine, run, train
+and demo.
+
+Registered through the `interceptor.commands` entry point (pyproject.toml). Each handler imports torch-backed modules
+only when it runs, so registering these commands keeps `interceptor serve` and `interceptor inspect` light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from agents.run_args import add_run_arguments
+
+if TYPE_CHECKING:
+    from interceptor.cli import CommandRegistry
+
+__all__ = ["register"]
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    """OUT is replaced when it is absent, empty or a model this command wrote; anything else is refused (exit 2).
+    With --tool-calling, OUT is kept when it already holds that exact trained model."""
+    from .tiny_model import ModelDirError, TinyModelSpec, make_tiny_model
+
+    try:
+        if args.tool_calling:
+            import dataclasses
+
+            from .local_model import LOCAL_TRAINING, make_local_model
+
+            steps = LOCAL_TRAINING.steps if args.train_steps is None else args.train_steps
+            make_local_model(args.out, training=dataclasses.replace(LOCAL_TRAINING, steps=steps))
+            print(f"{args.out} holds a tiny Qwen3 model trained to call tools")
+            return 0
+        out = make_tiny_model(args.out, TinyModelSpec(real_vocab=args.real_vocab, seed=args.seed))
+    except ModelDirError as exc:
+        print(f"interceptor make-tiny-model: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote a tiny Qwen3 model with random weights to {out}")
+    return 0
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from .engine.main import run_engine_from_args
+
+    return run_engine_from_args(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .run_main import run_from_args
+
+    return run_from_args(args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .train_main import run_train_from_args
+
+    return run_train_from_args(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo_from_args
+
+    return run_demo_from_args(args)
+
+
+def register(commands: CommandRegistry) -> None:
+    tiny = commands.add("make-tiny-model", _make_tiny_model, "write a tiny random Qwen3 model directory (offline)")
+    tiny.add_argument("out")
+    tiny.add_argument("--real-vocab", action="store_true", help="use the real Qwen BPE vocabulary (151k tokens)")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--tool-calling",
+        action="store_true",
+        help="the embedded default: real vocabulary, 32k context, trained offline (~1-2 min) to answer with a tool call",
+    )
+    tiny.add_argument(
+        "--train-steps",
+        type=int,
+        default=None,
+        help="with --tool-calling: training steps (default: the embedded default's); fewer make a weaker policy",
+    )
+
+    engine = commands.add("engine", _engine, "serve a local policy (CPU or a CUDA GPU) with vLLM's /v1/completions API")
+    engine.add_argument("--model", required=True, help="a transformers model directory")
+    engine.add_argument("--host", default="127.0.0.1")
+    engine.add_argument("--port", type=int, default=8000)
+    engine.add_argument("--served-model-name", default=None)
+    engine.add_argument("--max-model-len", type=int, default=None)
+    engine.add_argument(
+        "--logprobs-mode", choices=("raw_logprobs", "processed_logprobs"), default="raw_logprobs"
+    )
+    engine.add_argument("--max-batch-size", type=int, default=8)
+    engine.add_argument("--threads", type=int, default=1, help="torch threads for generation")
+    engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (vLLM's --device)")
+    engine.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="the weights' dtype (vLLM's --dtype)")
+
+    run = commands.add("run", _run, "run an agent (pi, opencode, or a command) on a task file, graded on the host")
+    add_run_arguments(run)
+
+    train = commands.add("train", _train, "GRPO on a real agent: TRL AsyncGRPOTrainer fed by intercepted rollouts")
+    train.add_argument("--config", required=True, help="a TOML file (see trainer/train_main.py)")
+
+    demo = commands.add("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
+    demo.add_argument("--workdir", default="runs/demo")
+    demo.add_argument("--turns", type=int, default=3, help="chat calls the demo agent makes")
