@@ -23,7 +23,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -49,6 +49,7 @@ from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
 from .trajectory import Trajectory
 from .metrics import ServerMetrics
+from .mounts import mount_under
 from .replicas import ReplicaSet
 
 __all__ = ["InterceptionServer", "RolloutHandle", "HostTool"]
@@ -77,7 +78,9 @@ async def _answer_tool(rollout: Rollout, body: dict) -> dict:
 
 
 class InterceptionServer:
-    def __init__(self, config: ServerConfig, *, host_tools: dict[str, HostTool] | None = None) -> None:
+    def __init__(self, config: ServerConfig, *, host_tools: dict[str, HostTool] | None = None,
+                 mounts: Sequence[tuple[str, web.Application]] = ()) -> None:
+        self._mounts = tuple(mounts)  # (prefix, application) served on this port too: the viewer, in a Space
         self.config = config
         self.registry = RolloutRegistry()
         self.host_tools: dict[str, HostTool] = {"answer": _answer_tool, **(host_tools or {})}
@@ -120,6 +123,8 @@ class InterceptionServer:
         app.router.add_post("/rollout/{rid}/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/rollout/{rid}/v1/models", self._models)
         app.router.add_post("/rollout/{rid}/v1/tools/{tool}", self._tool)
+        for number, (prefix, mounted) in enumerate(self._mounts):  # the first one is the page at /
+            mount_under(app, prefix, mounted, root=number == 0)
         # handler_cancellation=False: a turn whose agent hung up still finishes and is recorded (a retry replays it)
         runner = web.AppRunner(
             app, access_log=None, handler_cancellation=False, shutdown_timeout=self.config.shutdown_grace_s

@@ -103,6 +103,8 @@ def register(commands: CommandRegistry) -> None:
 
     train = commands.add("train", _train, "GRPO on a real agent: TRL AsyncGRPOTrainer fed by intercepted rollouts")
     train.add_argument("--config", required=True, help="a TOML file (see trainer/train_main.py)")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a key of the config file (the value is read as TOML); repeatable")
 
     demo = commands.add("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
     demo.add_argument("--workdir", default="runs/demo")

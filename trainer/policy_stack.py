@@ -8,7 +8,8 @@
   otherwise `upstream` is the URL of vLLM, or of several replicas of it (`interceptor.replicas`: each rollout
   pinned to one), or of any OpenAI-style API in `black_box` mode (its key from `INTERCEPTOR_UPSTREAM_API_KEY`,
   never from argv).
-- The interception server in `mode`, recording to `record_path`.
+- The interception server in `mode`, recording to `record_path`, on `host`:`port` (an admin API with
+  `admin_token`; with `view`, the run viewer at `/view` on the same port).
 - The runner, when `runner` is given: it is called with the started server (the agent's context window and the
   sandbox depend on it) and returns the `RunnerConfig`.
 
@@ -22,7 +23,7 @@ import asyncio
 import os
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.runner import Runner, RunnerConfig
@@ -46,6 +47,10 @@ class StackConfig:
     engine_device: str = "cpu"
     engine_dtype: str = "float32"
     seed: int = 0
+    host: str = "127.0.0.1"  # where the interception server listens (0.0.0.0 in a container: agents use loopback)
+    port: int = 0
+    admin_token: str | None = field(default=None, repr=False)  # the admin API and /metrics want it; None: no admin
+    view: bool = False  # serve the viewer over record_path's directory at /view on the server's port
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream", tuple(self.upstream))
@@ -57,6 +62,8 @@ class StackConfig:
             raise ValueError("the local engine needs a model directory")
         if self.model is not None:
             object.__setattr__(self, "model", Path(self.model))
+        if self.view and self.record_path is None:
+            raise ValueError("the viewer shows the run's records: view needs a record_path")
 
     @property
     def local(self) -> bool:
@@ -93,9 +100,19 @@ class PolicyStack:
                 first, *others = config.upstream
                 self.upstream = UpstreamConfig(base_url=first, replicas=tuple(others),
                                                api_key=os.environ.get("INTERCEPTOR_UPSTREAM_API_KEY"))
+            mounts = ()
+            if config.view:
+                from interceptor.viewer.arguments import TOKEN_ENV
+                from interceptor.viewer.main import open_viewer
+
+                viewer = await asyncio.to_thread(open_viewer, config.record_path.parent, model=self.model_dir,
+                                                 token=os.environ.get(TOKEN_ENV) or None)
+                mounts = (("/view", viewer),)
             self.server = await stack.enter_async_context(InterceptionServer(ServerConfig(
                 upstream=self.upstream, mode=config.mode, model_dir=self.model_dir, record_path=config.record_path,
-            )))
+                host=config.host, port=config.port, admin_token=config.admin_token,
+                public_host="127.0.0.1" if config.host in ("0.0.0.0", "::") else None,
+            ), mounts=mounts))
             if self._runner_config is not None:
                 self.runner = await stack.enter_async_context(
                     Runner(self.server, self._runner_config(self.server), **self._runner_options)

@@ -28,12 +28,20 @@ The config file is TOML; every key is optional except `tasks`:
     weight_sync = "reload"          # reload | nccl: a vLLM upstream gets weights from disk, or by TRL's NCCL client
     fleet = ""                      # "ray": rollouts run on a Ray fleet, one interception node per Ray node
                                     # (trainer/fleet.py); "ray://HOST:PORT" joins that cluster
+    host = "127.0.0.1"              # the interception server's address; "0.0.0.0" in a container (the Space)
+    port = 0                        # 0: a free port
+    view = false                    # the run viewer at /view on the server's port (and / redirects there)
+
+Any key can be set on the command line too: `--set max_steps=2 --set view=true` (the value is read as TOML, and a
+bare word as a string). Secrets come from the environment, never from the file or argv: INTERCEPTOR_ADMIN_TOKEN
+turns on the admin API (and guards /metrics), INTERCEPTOR_VIEW_TOKEN guards the viewer.
 
 The trainer's loop runs in a worker thread; this process's event loop keeps serving the engine, the interception
 server and the agents. At start it writes what it runs with to `OUT/setup.json` (attention and why, the trainer's
 and the generator's dtype). Per step it prints the metrics (among them `logprob_gap/mean`: how far the trainer's
-logprobs of the sampled tokens are from the generator's), appends them to `OUT/metrics.jsonl`, and at the end plots
-the mean reward per step to `OUT/reward.png` (matplotlib, when installed). trackio is used when installed.
+logprobs of the sampled tokens are from the generator's), appends them to `OUT/metrics.jsonl`, and at the end saves
+the trained policy with its tokenizer to `OUT/final/` and plots the mean reward per step to `OUT/reward.png`
+(matplotlib, when installed). trackio is used when installed.
 """
 
 from __future__ import annotations
@@ -43,8 +51,10 @@ import asyncio
 import json
 import os
 import shlex
+import sys
 import time
 import tomllib
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -75,6 +85,9 @@ class TrainConfig:
     device: str = "auto"
     weight_sync: str = "reload"
     fleet: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    view: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tasks", "model", "out"):
@@ -100,12 +113,26 @@ class TrainConfig:
             raise ValueError(f"fleet must be '', 'ray' or 'ray://HOST:PORT', not {self.fleet!r}")
 
     @classmethod
-    def load(cls, path: Path | str) -> TrainConfig:
+    def load(cls, path: Path | str, overrides: Sequence[str] = ()) -> TrainConfig:
+        """The file's keys, then each `KEY=VALUE` of `overrides` (VALUE read as TOML; a bare word is a string)."""
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"--set wants KEY=VALUE, not {item!r}")
+            try:
+                data[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+            except tomllib.TOMLDecodeError:
+                data[key.strip()] = value.strip()
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        types = {f.name: f.type for f in fields(cls)}
+        for key, value in data.items():  # a wrong type is refused here, not deep inside a run
+            wanted = {"int": int, "float": (int, float), "bool": bool, "str": str, "Path": str}.get(str(types[key]))
+            if wanted is not None and (not isinstance(value, wanted) or (wanted is int and isinstance(value, bool))):
+                raise ValueError(f"{path}: {key} must be {types[key]}, not {value!r}")
         return cls(**data)  # relative paths are relative to the working directory, as on a command line
 
 
@@ -128,8 +155,6 @@ def _agent_spec(config: TrainConfig, *, context_window: int):
         return OpenCodeAgent(context_window=context_window, max_tokens=config.max_tokens)
     argv = shlex.split(config.command)
     if argv and argv[0] in ("python", "python3"):
-        import sys
-
         argv[0] = sys.executable  # the agent runs in its own workspace: use this interpreter, by absolute path
     argv = [str(Path(a).resolve()) if a.endswith(".py") and Path(a).is_file() else a for a in argv]
     return CommandAgent(argv=tuple(argv))
@@ -184,7 +209,8 @@ async def train(config: TrainConfig) -> TrainResult:
     local = config.upstream == "local"
     stack_config = StackConfig(upstream=("local",) if local else tuple(config.upstream.split(",")),
                                model=config.model, record_path=config.out / "rollouts.jsonl", seed=config.seed,
-                               engine_device=device, engine_dtype=dtype)
+                               engine_device=device, engine_dtype=dtype, host=config.host, port=config.port,
+                               admin_token=os.environ.get("INTERCEPTOR_ADMIN_TOKEN") or None, view=config.view)
 
     def runner_config(server) -> RunnerConfig:
         return RunnerConfig(
@@ -272,6 +298,7 @@ async def train(config: TrainConfig) -> TrainResult:
         if transfer is None:  # TRL's own NCCL client: every sync still goes through the interception gate
             trainer.weight_transfer = GatedTransfer(trainer.weight_transfer, gate=gate, loop=loop)
         await asyncio.to_thread(trainer.train)
+        await asyncio.to_thread(trainer.save_model, str(config.out / "final"))  # the trained policy, with its tokenizer
         version = engine.weight_version if engine is not None else None
     per_step = [rewards[step] for step in sorted(rewards)]
     _plot(sorted(rewards.items()), config.out / "reward.png")
@@ -312,7 +339,11 @@ def _plot(rewards: list[tuple[int, float]], path: Path) -> None:
 
 def run_train_from_args(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    config = TrainConfig.load(args.config)
+    try:
+        config = TrainConfig.load(args.config, args.set or ())
+    except (OSError, ValueError) as exc:
+        print(f"interceptor train: error: {exc}", file=sys.stderr)
+        return 2
     result = asyncio.run(train(config))
     print(f"\n{result.steps} steps in {result.seconds:.0f}s; mean reward per step: "
           + " ".join(f"{r:.2f}" for r in result.reward_per_step))

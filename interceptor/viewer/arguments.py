@@ -16,3 +16,4 @@ def add_view_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8600, help="0 picks a free port")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks at the files for new lines")
+    parser.add_argument("--prefix", default="", help="serve the page under this path (e.g. /view; / redirects there)")

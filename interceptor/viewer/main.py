@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..mounts import mount_under
 from .app import viewer_app
 from .arguments import TOKEN_ENV
 from .detail import TokenText
@@ -46,25 +47,26 @@ def open_viewer(target: Path | str, *, model: Path | str | None = None, poll_s: 
     return viewer_app(index, text, poll_s=poll_s, token=token)
 
 
-def mount_viewer(app: web.Application, viewer: web.Application, prefix: str = "/view") -> None:
+def mount_viewer(app: web.Application, viewer: web.Application, prefix: str = "/view", *,
+                 root: bool = False) -> None:
     """Serve `viewer` under `prefix` on another application (the interception server's port, in a Space)."""
-
-    async def to_page(request: web.Request) -> web.Response:
-        raise web.HTTPFound(prefix + "/" + (f"?{request.query_string}" if request.query_string else ""))
-
-    app.router.add_get(prefix, to_page)
-    app.add_subapp(prefix + "/", viewer)
+    mount_under(app, prefix, viewer, root=root)
 
 
 async def _serve(args: argparse.Namespace) -> None:
     target = Path(args.target)
     app = open_viewer(target, model=args.model, poll_s=args.poll, token=os.environ.get(TOKEN_ENV) or None)
+    prefix = "/" + args.prefix.strip("/") if args.prefix.strip("/") else ""
+    if prefix:
+        host = web.Application()
+        mount_under(host, prefix, app, root=True)
+        app = host
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     port = runner.addresses[0][1]
-    print(f"viewing {target} at http://{args.host}:{port}/ (Ctrl-C stops)", flush=True)
+    print(f"viewing {target} at http://{args.host}:{port}{prefix}/ (Ctrl-C stops)", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
