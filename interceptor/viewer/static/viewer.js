@@ -206,6 +206,8 @@ function renderRollout(r) {
     `sample ${n.sample}: from sample ${n.parent} after ${n.shared_tokens} shared tokens` +
     (n.fork_reason ? ` (${n.fork_reason})` : "") + (n.auxiliary ? " · auxiliary" : "")))));
   $("#sample-list").replaceChildren(...r.samples.map(sampleBox));
+  // a long prompt span shows its end: the part nearest the tokens sampled after it
+  for (const span of document.querySelectorAll("#sample-list .span-prompt.long")) span.scrollTop = span.scrollHeight;
 }
 
 async function openRollout(key) {
