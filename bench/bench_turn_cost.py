@@ -87,7 +87,7 @@ def _snapshot(trajectory: Trajectory):
     branch = trajectory._branches[-1] if trajectory._branches else None  # bench-only peek, to undo a timed turn
     if branch is None:
         return None
-    return (branch, len(branch.ids_json), branch.length, len(branch.sampled_logprobs), list(branch.turn_json_ends),
+    return (branch, branch.ids_json, branch.length, len(branch.sampled_logprobs), list(branch.turn_json_ends),
             list(branch.messages), list(branch.turns), branch.open_turn)
 
 
@@ -95,9 +95,9 @@ def _restore(trajectory: Trajectory, saved) -> None:
     if saved is None:
         trajectory._branches.clear()
         return
-    branch, json_length, length, sampled, json_ends, messages, turns, open_turn = saved
-    del branch.ids_json[json_length:], branch.sampled_logprobs[sampled:]
-    branch.length, branch.turn_json_ends = length, json_ends
+    branch, ids_json, length, sampled, json_ends, messages, turns, open_turn = saved
+    del branch.sampled_logprobs[sampled:]
+    branch.ids_json, branch.length, branch.turn_json_ends = ids_json, length, json_ends
     branch.messages, branch.turns, branch.open_turn = messages, turns, open_turn
 
 

@@ -28,6 +28,7 @@ same body whichever recent body it was matched against, and O(new bytes + the fi
 from __future__ import annotations
 
 import re
+from array import array
 from dataclasses import dataclass
 
 import orjson
@@ -48,10 +49,11 @@ _BOUNDARIES_KEPT = 8
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Layout:
-    """Where a body's history array lies: the offset after `[`, the offset after each element, that of `]`."""
+    """Where a body's history array lies: the offset after `[`, the offset after each element, that of `]`. Offsets
+    and hashes per element are machine integers (`array`), not Python ints: an idle rollout holds them."""
 
     start: int
-    ends: list[int]
+    ends: array  # of "q"
     close: int
 
 
@@ -66,7 +68,7 @@ class _State:
     elements: list
     head: dict  # the fields before the array
     rest: dict  # every field but the array, as the whole body parses them
-    chain: list[int]  # chain[i]: hash of the bytes before the array and of its first i elements
+    chain: array  # of "q"; chain[i]: hash of the bytes before the array and of its first i elements
     derived: object = None
 
 
@@ -197,7 +199,7 @@ def _tail(raw: bytes, close: int) -> tuple[int, bytes]:
     return len(raw) - close, digest(memoryview(raw)[close:])
 
 
-def _prefixes(raw: bytes, ends: list[int]) -> list[tuple[int, bytes]]:
+def _prefixes(raw: bytes, ends: array) -> list[tuple[int, bytes]]:
     """(element count, digest of `raw` up to that element's end) for the last `_BOUNDARIES_KEPT` elements, the last
     first, in one pass over the bytes."""
     running, done, out = hasher(), 0, []
@@ -232,10 +234,10 @@ def _layout(raw: bytes, key_token: bytes) -> tuple[_Layout, int] | None:
     return None
 
 
-def _scan_elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
+def _scan_elements(raw: bytes, position: int) -> tuple[array, int] | None:
     """From `position` inside the history array: the offset after each element that is an object or an array,
     and the offset of the array's `]`; None if the bytes end first."""
-    depth, ends = 0, []
+    depth, ends = 0, array("q")
     for match in _TOKEN.finditer(raw, position):
         start, end = match.span()
         first = raw[start]
@@ -259,14 +261,16 @@ def _next_non_space(raw: bytes, position: int) -> int:
     return -1
 
 
-def _chain(raw: bytes, layout: _Layout) -> list[int]:
-    return _extend_chain([hash(raw[: layout.start])], raw, layout, 0)
+def _chain(raw: bytes, layout: _Layout) -> array:
+    return _extend_chain(array("q", [hash(raw[: layout.start])]), raw, layout, 0)
 
 
-def _extend_chain(chain: list[int], raw: bytes, layout: _Layout, known: int) -> list[int]:
-    starts = [layout.start, *layout.ends]
-    for i in range(known, len(layout.ends)):
-        chain.append(hash((chain[-1], raw[starts[i]: layout.ends[i]])))
+def _extend_chain(chain: array, raw: bytes, layout: _Layout, known: int) -> array:
+    ends = layout.ends
+    start = ends[known - 1] if known else layout.start
+    for i in range(known, len(ends)):
+        chain.append(hash((chain[-1], raw[start: ends[i]])))
+        start = ends[i]
     return chain
 
 

@@ -1,7 +1,9 @@
 """One branch's recorded tokens, held compactly while its rollout lives: what becomes a `SampleRecord`.
 
 Idle rollouts hold their branches in memory until they finish, so each token is stored once, as the text of a
-JSON array (`ids_json`, b"1,2,3": what the upstream request is built from, so nothing is serialised per turn).
+JSON array (`ids_json`, b"1,2,3": what the upstream request is built from, so nothing is serialised per turn). It
+is immutable bytes of its exact size, rebuilt once per turn (a copy the request's own join makes anyway): a
+growing bytearray would hold up to an eighth more than its length, and a fork shares its parent's bytes.
 The mask is not stored: it is 1 exactly on each turn's sampled span. Logprobs are stored for sampled tokens only
 (everything else has logprob 0.0). `build_samples` expands all three into full-length lists when the rollout is
 recorded. Live branches (`trajectory.py`) and branches rebuilt from the journal (`journal.py`) are both this.
@@ -30,7 +32,7 @@ class BranchRecord:
     tools_digest: str  # "" when the branch's requests carry no tools
     system_digest: str  # "" when they have no system message
     fork_reason: str | None
-    ids_json: bytearray = field(default_factory=bytearray)  # every id, as the inside of a JSON array
+    ids_json: bytes = b""  # every id, as the inside of a JSON array
     length: int = 0  # ids recorded
     sampled_logprobs: array = field(default_factory=lambda: array("f"))  # one per sampled id, in order
     turns: list[TurnRecord] = field(default_factory=list)
@@ -46,9 +48,9 @@ class BranchRecord:
         """Record a turn: `prompt` (mask 0) then `sampled` (mask 1, with `logprobs`). `turn_fields` are the
         `TurnRecord`'s other fields; its positions are filled in here."""
         prompt_start = self.length
-        self._append_ids(prompt)
-        completion_start = self.length
-        self._append_ids(sampled)
+        completion_start = prompt_start + len(prompt)
+        self.ids_json = b",".join([part for part in (self.ids_json, json_ids(prompt), json_ids(sampled)) if part])
+        self.length = completion_start + len(sampled)
         self.sampled_logprobs.extend(logprobs)
         turn = TurnRecord(prompt_start=prompt_start, completion_start=completion_start, completion_end=self.length,
                           **turn_fields)  # fmt: skip
@@ -65,20 +67,13 @@ class BranchRecord:
         json_end = self.turn_json_ends[len(kept) - 1] if kept else 0
         return BranchRecord(
             number=number, tools_digest=self.tools_digest, system_digest=self.system_digest, fork_reason=fork_reason,
-            ids_json=bytearray(self.ids_json[:json_end]), length=length,
+            ids_json=self.ids_json[:json_end], length=length,
             sampled_logprobs=array("f", self.sampled_logprobs[:sampled]), turns=kept,
             turn_json_ends=self.turn_json_ends[: len(kept)],
         )
 
     def ids(self) -> list[int]:
         return orjson.loads(b"[" + self.ids_json + b"]")
-
-    def _append_ids(self, ids: list[int]) -> None:
-        if ids:
-            if self.ids_json:
-                self.ids_json += b","
-            self.ids_json += json_ids(ids)
-            self.length += len(ids)
 
 
 def build_samples(branches: list[BranchRecord]) -> list[SampleRecord]:

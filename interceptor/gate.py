@@ -23,7 +23,7 @@ from .protocol import ChatRequest
 from .replies import assistant_message, finish_reason_for, new_tool_call_id, token_logprobs
 from .records import Generation
 from .rendering import Renderer
-from .rollouts import Rollout, TurnResult
+from .rollouts import Rollout, TurnResult, TurnTrace
 from .shared_renders import SharedRenders
 from .trajectory import TurnPlan
 from .replicas import ReplicaSet
@@ -210,6 +210,8 @@ def _record(
     message = assistant_message(parsed, [new_tool_call_id() for _ in parsed.calls])
     finish_reason = finish_reason_for(message, generation.finish_reason)
     known = len(plan.branch.messages)  # messages the branch already covered, before this turn is committed
+    if known:  # the agent's copy of the branch's last answer is in this request: keep that one only
+        rollout.hold_echo_once(plan.branch.messages[-1], request.messages[known - 1])
     delta = rollout.trajectory.commit(
         plan,
         generation,
@@ -221,7 +223,7 @@ def _record(
     entry = rollout.scrub(
         {"new_messages": request.messages[known:], "response": message, "finish_reason": finish_reason}
     )
-    rollout.trace.append(entry)
+    rollout.trace.append(TurnTrace(**entry))
     rollout.prompt_tokens += plan.prompt_len
     rollout.completion_tokens += len(generation.token_ids)
     if policy.journal_turn is not None:

@@ -26,7 +26,7 @@ from .errors import BadRequest
 
 __all__ = [
     "ChatRequest", "continue_chat_request", "ensure_serialisable", "normalize_messages", "number_field", "parse_chat_request", "parse_json_body",
-    "positive_int", "tools_key", "typed_field",
+    "positive_int", "same_json", "tools_key", "typed_field",
 ]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -212,6 +212,23 @@ def normalize_messages(messages: object) -> list[dict]:
 
 
 def _normalize_message(message: object, index: int) -> dict:
+    """The message in normal form: the agent's own dict when it already is (most are), so that an idle rollout
+    holds each message once (the body cache keeps the parsed dicts for the next request); else a new dict."""
+    normalized = _normal_form(message, index)
+    return message if same_json(message, normalized) else normalized
+
+
+def same_json(message: dict, normalized: dict) -> bool:
+    """Whether a message serialises as a message in normal form does: equal, with their keys in the same order (a
+    normal message holds only strings, so equal values are equal JSON)."""
+    if list(message) != list(normalized) or message != normalized:
+        return False
+    calls = normalized.get("tool_calls")
+    return not calls or all(list(a) == list(b) and list(a["function"]) == list(b["function"])
+                            for a, b in zip(message["tool_calls"], calls))
+
+
+def _normal_form(message: object, index: int) -> dict:
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise BadRequest(f"{param} must be an object", param=param)

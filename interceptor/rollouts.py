@@ -22,19 +22,21 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .body_cache import BodyCache
 from .config import SamplingSettings
 from .errors import Conflict, NotFound, Unauthorized
+from .protocol import same_json
 from .records import Failure, RolloutRecord, RolloutStatus
 from .trajectory import Trajectory
 from .upstream import AttemptBudget
 
-__all__ = ["Attempts", "Rollout", "RolloutRegistry", "RolloutView", "TurnResult"]
+__all__ = ["Attempts", "Rollout", "RolloutRegistry", "RolloutView", "TurnResult", "TurnTrace"]
 
 _FINISHED_KEPT = 100_000  # ids remembered after finishing, to answer late requests clearly
 _REPLAYS_KEPT = 8  # answered requests kept per rollout for SDK retries
+_ECHO_SEARCHED = 8  # trace entries searched for the turn an echoed assistant message was returned by
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +48,21 @@ class TurnResult:
     logprobs: dict | None = None  # OpenAI's choices[].logprobs, when the agent asked for them
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, slots=True)
+class TurnTrace:
+    """A gate turn's trace entry while its rollout lives: the messages new to the call, the assistant message
+    returned and the finish reason. An idle rollout holds one per turn, and a slotted object is a third of the
+    size of a dict; the record gets the dict (`as_dict`), its keys in this order."""
+
+    new_messages: list[dict]
+    response: dict
+    finish_reason: str
+
+    def as_dict(self) -> dict:
+        return {"new_messages": self.new_messages, "response": self.response, "finish_reason": self.finish_reason}
+
+
+@dataclass(eq=False, slots=True)
 class Attempts:
     """One turn's tries: the answer being (or already) generated, whether the agent received it, and the upstream
     calls the turn may still make."""
@@ -98,7 +114,7 @@ class Rollout:
     status: RolloutStatus = "running"
     answer: object = None
     answered: bool = False
-    trace: list[dict] = field(default_factory=list)
+    trace: list[dict | TurnTrace] = field(default_factory=list)  # dicts in black_box mode
     events: list[dict] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -106,7 +122,7 @@ class Rollout:
     trailing_upstream_failures: int = 0  # since the last chat call that succeeded: a run that ends here failed
     last_upstream_error: str = ""
     # request fingerprint -> that turn's tries, for SDK retries
-    attempts: OrderedDict[int, Attempts] = field(default_factory=OrderedDict)
+    attempts: dict[int, Attempts] = field(default_factory=dict)  # oldest first (an OrderedDict is 3x the size)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the trajectory is planned or committed
     finishing: bool = False  # its record is being written: it takes no more requests
     ignored_noted: set = field(default_factory=set)  # unknown request fields already noted in the events
@@ -131,8 +147,22 @@ class Rollout:
         if attempts is None:
             attempts = self.attempts[fingerprint] = Attempts(budget=new_budget())
             while len(self.attempts) > _REPLAYS_KEPT:
-                self.attempts.popitem(last=False)
+                del self.attempts[next(iter(self.attempts))]
         return attempts
+
+    def hold_echo_once(self, returned: dict, echo: dict) -> None:
+        """Hold an assistant message's text once. The agent echoes each message it was given in its next request,
+        whose conversation the rollout then keeps (the trajectory and the body cache hold the agent's dicts); when
+        the echo serialises as the `returned` message did, the trace entry of that turn is pointed at the echo, so
+        the trace and the record it becomes are the same JSON."""
+        if echo is returned or not same_json(echo, returned):
+            return
+        trace = self.trace
+        for i in range(len(trace) - 1, max(len(trace) - 1 - _ECHO_SEARCHED, -1), -1):
+            entry = trace[i]
+            if isinstance(entry, TurnTrace) and entry.response is returned:
+                trace[i] = replace(entry, response=echo)
+                return
 
     def scrub(self, value: object) -> object:
         """`value` with this rollout's secrets replaced by "[redacted]"."""
@@ -167,7 +197,7 @@ class Rollout:
             mode=self.mode,
             status=status,
             samples=self.trajectory.samples() if self.trajectory else [],
-            trace=self.trace,
+            trace=[e.as_dict() if isinstance(e, TurnTrace) else e for e in self.trace],
             usage={
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

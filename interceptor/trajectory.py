@@ -56,7 +56,7 @@ class _Branch(BranchRecord):
             tools_digest=self.tools_digest,
             system_digest=self.system_digest,
             fork_reason=reason,
-            ids_json=bytearray(self.ids_json),
+            ids_json=self.ids_json,
             length=self.length,
             sampled_logprobs=array("f", self.sampled_logprobs),
             turns=list(self.turns),

@@ -39,7 +39,7 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 _ERROR_TEXT_KEPT = 500  # characters of an upstream error body quoted in our own error message
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class AttemptBudget:
     """Upstream calls one turn may still make. Shared by every try of the same turn."""
 
