@@ -66,6 +66,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo_from_args(args)
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import run_replay_from_args
+
+    return run_replay_from_args(args)
+
+
 def register(commands: CommandRegistry) -> None:
     tiny = commands.add("make-tiny-model", _make_tiny_model, "write a tiny random Qwen3 model directory (offline)")
     tiny.add_argument("out")
@@ -105,6 +111,19 @@ def register(commands: CommandRegistry) -> None:
     train.add_argument("--config", required=True, help="a TOML file (see trainer/train_main.py)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a key of the config file (the value is read as TOML); repeatable")
+
+    replay = commands.add("replay", _replay, "run an agent again against a recorded rollout, with no model: did it "
+                                             "match turn for turn, and where did it diverge")
+    replay.add_argument("records", help="a record file (rollouts.jsonl)")
+    replay.add_argument("--rollout", required=True, help="the rollout id to replay")
+    replay.add_argument("--tasks", required=True, help="the task file the rollout's task comes from")
+    replay.add_argument("--agent", choices=("pi", "opencode", "claude", "codex", "command"), default=None,
+                        help="default: the agent the record names")
+    replay.add_argument("--command", default=None, help="the command agent's command line")
+    replay.add_argument("--max-tokens", type=int, default=None)
+    replay.add_argument("--model", default=None, help="the model directory (tokenizer and chat template); default: "
+                                                      "the one setup.json beside RECORDS names")
+    replay.add_argument("--sandbox", choices=("auto", "local"), default="auto")
 
     demo = commands.add("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
     demo.add_argument("--workdir", default="runs/demo")
