@@ -1,9 +1,10 @@
 """The `interceptor` command line: a parser that packages contribute subcommands to.
 
-This module owns `main()`, the parser and the subcommands of its own package (`serve`, `inspect`, `view`). Higher
-packages (`agents`, `trainer`) contribute theirs through the entry-point group `interceptor.commands` (pyproject.toml): each
-entry point names a `register(commands: CommandRegistry)` function, so nothing here imports upward. Handlers import
-what they need when they run, so `interceptor serve` and `interceptor inspect` never load torch.
+This module owns `main()`, the parser and the subcommands of its own package (`serve`, `inspect`, `view`, `rescore`).
+Higher packages (`agents`, `trainer`) contribute theirs through the entry-point group `interceptor.commands`
+(pyproject.toml): each entry point names a `register(commands: CommandRegistry)` function, so nothing here imports
+upward. Handlers import what they need when they run, so `interceptor serve` and `interceptor inspect` never load
+torch.
 
 A package whose commands fail to load (an extra not installed) does not break the others: naming one of its commands
 answers with the extra to install (exit 2), as does a handler that finds an extra's dependency missing. Two packages
@@ -106,6 +107,12 @@ def _view(args: argparse.Namespace) -> int:
     return run_view_from_args(args)
 
 
+def _rescore(args: argparse.Namespace) -> int:
+    from .rescore import run_rescore_from_args
+
+    return run_rescore_from_args(args)
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -149,6 +156,17 @@ def _register_own(commands: CommandRegistry) -> None:
     from .viewer.arguments import add_view_arguments
 
     add_view_arguments(view)
+    rescore = commands.add("rescore", _rescore, "score a run's samples on a policy server again and report the gap "
+                                                "between its logprobs and the recorded ones")
+    rescore.add_argument("records", help="a JSON Lines file of rollout records (`serve --record`)")
+    rescore.add_argument("--upstream", required=True,
+                         help="base URL of vLLM or the local engine; an API key, if it needs one, is read from "
+                              "INTERCEPTOR_UPSTREAM_API_KEY")
+    rescore.add_argument("--model", help="the served model name (default: the first one /v1/models lists)")
+    rescore.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+    # None: RescoreConfig's default, stated once there
+    rescore.add_argument("--concurrency", type=_positive, metavar="N", help="requests in flight at once")
+    rescore.add_argument("--timeout", type=float, metavar="SECONDS", help="the most one sample's scoring may take")
 
 
 def _installed_entry_points() -> list[CommandsEntryPoint]:
