@@ -45,7 +45,8 @@ from agents.tasks import Task, load_tasks
 from .environment_host import GRADER_PATHS, OpenedSandbox, SandboxFailed, SandboxHost
 from .environment_tools import ToolError, bounded, tool, workspace_path
 
-__all__ = ["EnvironmentConfig", "EpisodeState", "TaskEnvironment", "environment_factory_for", "grader_reward", "task_dataset"]
+__all__ = ["EnvironmentConfig", "EpisodeState", "TaskEnvironment", "environment_factory_for", "grader_reward",
+           "task_dataset"]
 
 log = logging.getLogger("trainer.environment")
 
@@ -178,7 +179,8 @@ class TaskEnvironment:
             content: The whole text of the file.
         """
         if len(content) > self._config.max_write_chars:
-            raise ToolError(f"content is {len(content)} characters; at most {self._config.max_write_chars} are accepted")
+            limit = self._config.max_write_chars
+            raise ToolError(f"content is {len(content)} characters; at most {limit} are accepted")
         episode, box = self._take_turn("write_file")
         target = workspace_path(box.workspace, path)
         if target.is_dir():
