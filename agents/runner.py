@@ -50,7 +50,7 @@ from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
 from .spec import AgentRollout, AgentSpec, program_paths
 from .tasks import Task
 
-__all__ = ["Runner", "RunnerConfig", "namespace_sandbox_for"]
+__all__ = ["Runner", "RunnerConfig", "SetupFailed", "namespace_sandbox_for", "prepare_workspace"]
 
 log = logging.getLogger("agents.runner")
 
@@ -75,6 +75,28 @@ class RunnerConfig:
             raise ValueError("concurrency must be at least 1")
         if self.sandbox is not None and self.resources is not None and self.resources.any:
             raise AgentConfigError("resources apply to the runner's own backends: give a custom sandbox its own limits")
+
+
+class SetupFailed(Exception):
+    """A task's workspace could not be prepared: a set-up command failed or timed out."""
+
+
+async def prepare_workspace(task: Task, box: Sandbox, *, setup_timeout_s: float) -> None:
+    """The task's workspace in `box`: its directory copied, its files written, its set-up commands run inside the
+    sandbox (with the grader's programs reachable). Used by the runner and by TRL environments alike."""
+    if task.workspace is not None:
+        await asyncio.to_thread(shutil.copytree, task.workspace, box.workspace, dirs_exist_ok=True)
+    for name, text in task.files.items():
+        path = box.workspace / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    for command in task.setup:
+        result = await box.exec(command, timeout_s=setup_timeout_s, host_paths=_GRADER_PATHS)
+        if result.timed_out:
+            raise SetupFailed(f"setup command timed out: {command}")
+        if not result.ok:
+            tail = result.output[-_OUTPUT_KEPT:]
+            raise SetupFailed(f"setup command failed ({result.exit_code or result.reason}): {command}\n{tail}")
 
 
 class _Failed(Exception):
@@ -219,19 +241,10 @@ class Runner:
         return ("default", "model"), self._default_sandbox
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
-        if task.workspace is not None:
-            await asyncio.to_thread(shutil.copytree, task.workspace, box.workspace, dirs_exist_ok=True)
-        for name, text in task.files.items():
-            path = box.workspace / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        for command in task.setup:
-            result = await box.exec(command, timeout_s=self.config.setup_timeout_s, host_paths=_GRADER_PATHS)
-            if result.timed_out:
-                raise _Failed("sandbox", f"setup command timed out: {command}")
-            if not result.ok:
-                tail = result.output[-_OUTPUT_KEPT:]
-                raise _Failed("sandbox", f"setup command failed ({result.exit_code or result.reason}): {command}\n{tail}")
+        try:
+            await prepare_workspace(task, box, setup_timeout_s=self.config.setup_timeout_s)
+        except SetupFailed as exc:
+            raise _Failed("sandbox", str(exc)) from exc
 
 
 def _default_sandbox(server: InterceptionServer, resources: ResourceLimits | None) -> Callable[..., Sandbox]:

@@ -21,7 +21,6 @@ import atexit
 import functools
 import logging
 import shlex
-import shutil
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Hashable
@@ -34,6 +33,7 @@ from agents.cgroups import ResourceLimits
 from agents.errors import AgentError
 from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
 from agents.pool import PoolConfig, SandboxPool
+from agents.runner import SetupFailed, prepare_workspace
 from agents.sandbox import LocalSandbox, Sandbox
 from agents.spec import program_paths
 from agents.tasks import Task
@@ -47,7 +47,6 @@ T = TypeVar("T")
 ANSWER_FILE = ".answer"  # in the sandbox's bin directory: written by its `answer` command
 # What set-up and grader commands may run from the host in a container: this Python (as in agents.runner).
 GRADER_PATHS = program_paths(sys.executable)
-_OUTPUT_KEPT = 4000  # characters of a failed set-up command's output kept in the message
 _CLOSE_TIMEOUT_S = 60.0  # releasing every sandbox at exit: a container removal can take seconds
 
 _ANSWER_SCRIPT = """#!/bin/sh
@@ -194,20 +193,10 @@ class SandboxHost:
             NamespaceSandbox, network=task.network, resources=self._resources)
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
-        # The same steps as agents.runner.Runner._prepare_workspace (not importable: a private method).
-        if task.workspace is not None:
-            await asyncio.to_thread(shutil.copytree, task.workspace, box.workspace, dirs_exist_ok=True)
-        for name, text in task.files.items():
-            path = box.workspace / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        for command in task.setup:
-            result = await box.exec(command, timeout_s=self.setup_timeout_s, host_paths=GRADER_PATHS)
-            if result.timed_out:
-                raise SandboxFailed(f"setup command timed out: {command}")
-            if not result.ok:
-                tail = result.output[-_OUTPUT_KEPT:]
-                raise SandboxFailed(f"setup command failed ({result.exit_code or result.reason}): {command}\n{tail}")
+        try:
+            await prepare_workspace(task, box, setup_timeout_s=self.setup_timeout_s)
+        except SetupFailed as exc:
+            raise SandboxFailed(str(exc)) from exc
 
 
 def _write_answer_command(bin_dir: Path) -> None:

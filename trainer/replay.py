@@ -30,6 +30,7 @@ from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.recorder import read_records
 from interceptor.records import RolloutRecord
 from interceptor.replay_upstream import Divergence, Outcome, ReplayUpstream
+from interceptor.viewer.main import run_model
 
 __all__ = ["ReplayReport", "replay_rollout", "run_replay_from_args"]
 
@@ -119,14 +120,6 @@ async def replay_rollout(record: RolloutRecord, task: Task, *, agent: AgentSpec 
                         recorded_reward=record.reward, replay=replayed)
 
 
-def _model_of(records: Path) -> Path | None:
-    try:
-        model = json.loads((records.parent / "setup.json").read_text()).get("model")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return Path(model) if model else None
-
-
 async def _replay(args: argparse.Namespace) -> int:
     from agents.sandbox import LocalSandbox
 
@@ -144,7 +137,7 @@ async def _replay(args: argparse.Namespace) -> int:
     args.agent = args.agent or record.metadata.get("agent")
     if not args.agent:
         raise ValueError("the record does not name its agent: give --agent")
-    model = Path(args.model) if args.model else _model_of(records)
+    model = Path(args.model) if args.model else run_model(records)
     if model is None:
         raise ValueError(f"no model directory: give --model (no setup.json beside {records} names one)")
     report = await replay_rollout(record, tasks[task_id], agent=lambda context: _agent(args, context_window=context),

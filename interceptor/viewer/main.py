@@ -23,10 +23,11 @@ from .arguments import TOKEN_ENV
 from .detail import TokenText
 from .index import RecordIndex
 
-__all__ = ["mount_viewer", "open_viewer", "run_view_from_args"]
+__all__ = ["mount_viewer", "open_viewer", "run_model", "run_view_from_args"]
 
 
-def _model_of(target: Path) -> Path | None:
+def run_model(target: Path) -> Path | None:
+    """The model directory a run's `setup.json` names (beside a record file, or in a run directory), if any."""
     setup = (target if target.is_dir() else target.parent) / "setup.json"
     try:
         model = json.loads(setup.read_text()).get("model")
@@ -43,7 +44,7 @@ def open_viewer(target: Path | str, *, model: Path | str | None = None, poll_s: 
     if model is not None:
         text = TokenText.load(model)
     else:  # the run's setup.json names it, perhaps only once the run has started
-        text = TokenText.load(_model_of(target), locate=lambda: _model_of(target))
+        text = TokenText.load(run_model(target), locate=lambda: run_model(target))
     return viewer_app(index, text, poll_s=poll_s, token=token)
 
 
