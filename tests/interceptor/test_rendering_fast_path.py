@@ -82,3 +82,50 @@ def test_a_long_text_encoded_in_chunks_gives_the_ids_of_one_encode(base_renderer
     expected = base_renderer.tokenizer.encode(text, add_special_tokens=False)
     assert base_renderer.encode(text) == expected
     assert base_renderer.render_full(messages, TOOLS) == expected
+
+
+def test_a_short_text_is_encoded_to_the_ids_of_the_tokenizers_own_encode(base_renderer):
+    for text in ("", "a", "<|im_end|>\n<|im_start|>user\nhi", "déjà vu 中文 \t\n  x" * 7):
+        assert base_renderer.encode(text) == base_renderer.tokenizer.encode(text, add_special_tokens=False)
+
+
+PROBING_TEMPLATE = (
+    "{%- set ns = namespace(seen=0, label='x') %}"
+    "{%- for message in messages %}"
+    "{%- set ns.seen = ns.seen + 1 %}"
+    "{{ loop.cycle('odd', 'even') }}|{{ loop.index0 }}|{{ loop.last }}|{{ ns.seen }}|{{ ns.label.upper() }}|"
+    "{{ message.role }}|{{ message.content.strip().split(' ')[0] }}|{{ message.missing is defined }}|"
+    "{{ message.get('role') }}|{{ message['content'] }}|{{ message.items()|list|length }}|"
+    "{{ message.keys is defined }}|{{ (message.extra.items is callable) if message.extra is mapping else '' }}|"
+    "{{ message.__class__ is defined }}|{{ message.content._private is defined }}|"
+    "{{ '{0}-{1}'.format(message.role, ns.seen) }}|{{ ns.nothing is defined }}|{{ loop.__class__ is defined }}{{ '\\n' }}"
+    "{%- endfor %}"
+)
+
+
+def test_the_fast_attribute_lookup_answers_as_the_sandbox_does_for_items_methods_and_unsafe_names(tiny_model_dir):
+    renderer = Renderer(RendererConfig(model_dir=tiny_model_dir, chat_template=PROBING_TEMPLATE))
+    messages = [{"role": "system", "content": " You are an agent. "},
+                {"role": "user", "content": "go now", "extra": {"items": 3, "keys": "k"}},
+                {"role": "assistant", "content": "done", "items": "an item named like a dict method"}]
+    reference = renderer.render_text_reference(messages, None, generation_prompt=False)
+    assert renderer.render_text(messages, None, generation_prompt=False) == reference
+    lines = reference.splitlines()
+    assert lines[0].startswith("odd|0|False|1|X|system|You|False|system|") and "|system-1|" in lines[0]
+    assert "|False|False|" in lines[0]  # __class__ and _private stay hidden
+    assert lines[2].startswith("odd|2|True|3|")
+
+
+def test_the_sandbox_still_refuses_what_it_refuses_on_the_fast_path(tiny_model_dir):
+    for template in ("{{ messages[0].update({'role': 'x'}) }}", "{{ messages.__class__.__mro__ }}",
+                     "{{ messages[0].content.__class__.__subclasses__() }}"):
+        renderer = Renderer(RendererConfig(model_dir=tiny_model_dir, chat_template=template))
+        messages = [{"role": "user", "content": "hi"}]
+        try:
+            reference = renderer.render_text_reference(messages, None, generation_prompt=False)
+        except BadRequest:
+            with pytest.raises(BadRequest):
+                renderer.render_text(messages, None, generation_prompt=False)
+        else:
+            assert renderer.render_text(messages, None, generation_prompt=False) == reference
+            assert "object" not in reference and "subclasses" not in reference
