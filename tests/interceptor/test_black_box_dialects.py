@@ -51,6 +51,7 @@ class DialectUpstream:
 
     def __init__(self) -> None:
         self.then: str | int = "text"
+        self.cookie: str | None = None  # set on every JSON answer when given (a session cookie of the upstream's)
         self.requests: list[tuple[dict, dict]] = []  # (headers, body)
         self.sent: list[bytes] = []
         self.url = ""
@@ -103,7 +104,10 @@ class DialectUpstream:
     def _json(self, body: dict, status: int = 200) -> web.Response:
         raw = orjson.dumps(body)
         self.sent.append(raw)
-        return web.Response(body=raw, status=status, content_type="application/json")
+        response = web.Response(body=raw, status=status, content_type="application/json")
+        if self.cookie:
+            response.set_cookie("upstream_session", self.cookie)
+        return response
 
     async def _stream(self, request: web.Request, events: list[tuple[str, dict]]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -179,14 +183,17 @@ async def upstream():
         yield upstream
 
 
-@pytest.fixture
-async def server(upstream, tmp_path):
-    config = ServerConfig(
+def black_box_config(upstream_url: str, tmp_path) -> ServerConfig:
+    return ServerConfig(
         **{**SERVER_DEFAULTS, "mode": "black_box", "record_path": tmp_path / "rollouts.jsonl",
-           "upstream": UpstreamConfig(**{**UPSTREAM_DEFAULTS, "base_url": upstream.url, "api_key": SERVER_KEY,
+           "upstream": UpstreamConfig(**{**UPSTREAM_DEFAULTS, "base_url": upstream_url, "api_key": SERVER_KEY,
                                          "model": UPSTREAM_MODEL})}  # fmt: skip
     )
-    async with InterceptionServer(config) as server:
+
+
+@pytest.fixture
+async def server(upstream, tmp_path):
+    async with InterceptionServer(black_box_config(upstream.url, tmp_path)) as server:
         yield server
 
 
@@ -215,6 +222,20 @@ def assert_relayed_with_server_credentials(upstream: DialectUpstream, handle, cl
         assert headers["anthropic-version"] == client.default_headers["anthropic-version"]  # the SDK's, passed on
     else:
         assert headers["authorization"] == f"Bearer {SERVER_KEY}" and "x-api-key" not in headers
+
+
+async def test_a_cookie_the_upstream_sets_for_one_rollout_never_goes_out_with_another(upstream, clients, tmp_path):
+    # By host name: an HTTP client's cookie jar ignores cookies from a bare IP address, not from a named host.
+    config = black_box_config(upstream.url.replace("127.0.0.1", "localhost"), tmp_path)
+    request = {"model": "claude-agent", "max_tokens": 256, "messages": [USER]}
+    upstream.cookie = "belongs-to-the-first-rollout"
+    async with InterceptionServer(config) as server:
+        first, second = server.open_rollout(), server.open_rollout()
+        await clients(anthropic_client(first)).messages.create(**request)
+        await clients(anthropic_client(second)).messages.create(**request)
+        await clients(anthropic_client(first)).messages.create(**request)
+    assert len(upstream.requests) == 3
+    assert all("cookie" not in headers for headers, _ in upstream.requests)
 
 
 # ------------------------------------------------------------------------------------------------ Messages
