@@ -4,9 +4,9 @@ Each request's prompt (token ids, as the interception gate rendered the agent's 
 turn whose prompt it equals, and answered with the tokens and logprobs that turn sampled (the gate then parses and
 streams them in the agent's dialect, as it did when the rollout was recorded). A prompt equal token for token is an
 exact match. Otherwise both prompts are decoded and compared after `Normaliser` has replaced what changes from one
-run to the next by itself (dates, sandbox directories, Codex's chunk ids and wall times): equal then is a match,
-marked `normalised`. Anything else is a divergence: answered with a 400 saying so, and reported with where the
-texts part (the system prompt, the tools, or which message) and both sides around that point.
+run to the next by itself (dates, sandbox directories, the host's OS version, Codex's chunk ids and wall times):
+equal then is a match, marked `normalised`. Anything else is a divergence: answered with a 400 saying so, and
+reported with where the texts part (the system prompt, the tools, or which message) and both sides around that point.
 
     async with ReplayUpstream(record, tokenizer) as upstream:   # upstream.url is the policy server's URL
         ...                                                    # upstream.outcomes: one per request, in order
@@ -31,6 +31,8 @@ _DEFAULT_VOLATILE = (
      "<date>"),
     # a sandbox's directory: tempfile's 8 random characters (Claude Code writes its "_" as "-" in a project path)
     (r"interceptor-rollout-[A-Za-z0-9_-]{8}", "interceptor-rollout-<id>"),
+    # the host's kernel, as Claude Code states it ("OS Version: Linux 6.18.44-..."): a replay on another machine
+    (r"OS Version: [^\n]*", "OS Version: <os>"),
     (r"Chunk ID: [0-9a-f]+", "Chunk ID: <id>"),
     (r"Wall time: [0-9.]+ seconds", "Wall time: <t> seconds"),
 )

@@ -3,10 +3,10 @@ model, to reproduce it or to see whether the interception still holds after the 
 
 The policy server is the record itself (`interceptor.replay_upstream.ReplayUpstream`): every chat call the agent
 makes is rendered by the interception gate as in training, matched to the recorded turn whose prompt it equals
-(token for token, or after normalising dates and sandbox paths) and answered with the tokens that turn sampled,
-streamed in the agent's dialect. The agent runs its tools for real in a fresh sandbox and the host grades the task.
-The report says whether the replay matched turn for turn and the reward agreed, or where it first diverged (which
-request, and whether the system prompt, the tools or a message changed).
+(token for token, or after normalising dates, sandbox paths and the host's OS version) and answered with the tokens
+that turn sampled, streamed in the agent's dialect. The agent runs its tools for real in a fresh sandbox and the
+host grades the task. The report says whether the replay matched turn for turn and the reward agreed, or where it
+first diverged (which request, and whether the system prompt, the tools or a message changed).
 
     report = await replay_rollout(record, task, agent=PiAgent(...), model_dir=Path("runs/model"))
     assert report.matched, report.summary()
