@@ -92,7 +92,8 @@ def test_the_start_script_serves_viewer_server_admin_and_metrics_on_one_port_whi
         steps = [orjson.loads(line) for line in (out / "metrics.jsonl").read_bytes().splitlines()]
         assert [s["step"] for s in steps if "reward" in s] == list(range(1, STEPS + 1))
         assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()
-        assert "nothing pushed" in log.read_text()  # no HF_TOKEN: the push says so and does nothing
+        # no HF_TOKEN: the push says so and does nothing (it runs after "the run is over" is printed)
+        _wait(lambda: "nothing pushed" in log.read_text(), "the push's word", space, log)
 
         # after the run, `interceptor view` keeps the run on view at the same address
         def after() -> dict | None:
