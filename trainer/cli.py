@@ -30,8 +30,10 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
             from .local_model import LOCAL_TRAINING, make_local_model
 
-            steps = LOCAL_TRAINING.steps if args.train_steps is None else args.train_steps
-            make_local_model(args.out, training=dataclasses.replace(LOCAL_TRAINING, steps=steps))
+            training = LOCAL_TRAINING
+            if args.train_steps is not None:  # a weaker policy, as trained: no corrective steps after the check
+                training = dataclasses.replace(LOCAL_TRAINING, steps=args.train_steps, check_rounds=0)
+            make_local_model(args.out, training=training)
             print(f"{args.out} holds a tiny Qwen3 model trained to call tools")
             return 0
         out = make_tiny_model(args.out, TinyModelSpec(real_vocab=args.real_vocab, seed=args.seed))
@@ -86,7 +88,8 @@ def register(commands: CommandRegistry) -> None:
         "--train-steps",
         type=int,
         default=None,
-        help="with --tool-calling: training steps (default: the embedded default's); fewer make a weaker policy",
+        help="with --tool-calling: training steps (default: the embedded default's, then up to "
+        "check_rounds corrective ones); given, exactly this many: fewer make a weaker policy",
     )
 
     engine = commands.add("engine", _engine, "serve a local policy (CPU or a CUDA GPU) with vLLM's /v1/completions API")

@@ -74,7 +74,7 @@ def wire_copy_circuit(model, used: list[int], digits: list[int], *, aliases: lis
         embed[:, _CONSTANT] = 1.0
         # The output rows of the tokens the episodes use start as their input rows, so the copy head's output
         # already scores the copied token; every other row is zero and stays zero in training, so those ~148k
-        # logits are exactly 0 and the softmax over them is exact and cheap (see `_loss`).
+        # logits are exactly 0 and the softmax over them is exact and cheap (see `_target_logits`).
         model.lm_head.weight.zero_()
         model.lm_head.weight[used] = embed[used]
 

@@ -73,9 +73,11 @@ def make_local_model(
             random, kind="tool-calling", training={"spec": training.to_json(), "report": dataclasses.asdict(report)}
         )
         record_built_model(work, built)
+    short = {name: margin for name, margin in report.agent_margins.items() if margin < training.check_margin}
     print(
-        f"trained the tool loop for {report.steps} steps in {report.seconds:.0f}s "
-        f"(loss {report.first_loss:.2f} -> {report.final_loss:.2f})",
+        f"trained the tool loop for {report.steps} steps and {report.corrective_steps} corrective step(s) in "
+        f"{report.seconds:.0f}s (loss {report.first_loss:.2f} -> {report.final_loss:.2f})"
+        + (f"; still short of the check's margin inside {', '.join(short)}: {short}" if short else ""),
         flush=True,
     )
     return built

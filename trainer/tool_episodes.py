@@ -194,7 +194,7 @@ class EpisodeMaker:
         self._end = tokenizer.eos_token  # <|im_end|>
         self._pending: list[Episode] = []
         self._agent_credit = 0.0  # agent steps come at `agent_request_rate`, evenly spaced
-        self._deck: list[Context] = []  # the agents still to come in this round
+        self._deck: list[int] = []  # the agents (indices) still to come in this round
         self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
         # Words that may follow the number: any vocabulary entry without digits, so that the model learns to stop
         # at "not a digit" rather than at a few words it has seen.
@@ -214,12 +214,18 @@ class EpisodeMaker:
                   self._tokenizer.encode(" " + word, add_special_tokens=False)) for word in ("answer",)]
         return [(token[0], alias[0]) for token, alias in pairs if len(token) == len(alias) == 1]
 
-    def step(self) -> Step:
+    @property
+    def agents(self) -> int:
+        """How many agents' captured requests the episodes are drawn behind."""
+        return len(self._agents)
+
+    def step(self, agent: int | None = None) -> Step:
         """Episodes for one step: rows of about `row_tokens` packed back to back (earlier episodes are just more
         context for later ones, like a long system prompt), about `tokens_per_step` in all; and, at
         `agent_request_rate`, a few episodes behind one agent's real prompt. Agent steps are evenly spaced and take
         the agents in rounds (each `agent_weights` times per round, shuffled): a random draw leaves one agent unseen
-        for long stretches, and the model then forgets which of the shell names its prompt offers."""
+        for long stretches, and the model then forgets which of the shell names its prompt offers. With `agent`
+        (an index into `agent_requests`), the step's agent episodes are behind that agent's prompt."""
         spec = self._spec
         rows: list[Episode] = []
         count = 0
@@ -236,32 +242,40 @@ class EpisodeMaker:
                 count += 1
             rows.append(Episode(ids=ids, mask=mask))
         agents: list[Episode] = []
-        self._agent_credit += spec.agent_request_rate
-        if self._agents and self._agent_credit >= 1.0:
-            self._agent_credit -= 1.0
-            if not self._deck:
-                weights = spec.agent_weights or (1,) * len(self._agents)
-                self._deck = [agent for agent, weight in zip(self._agents, weights) for _ in range(weight)]
-                self._rng.shuffle(self._deck)
-            agent = self._deck.pop()
-            # Dates, paths, versions and counts in an agent's prompt change from run to run, before the task and
-            # after it (a number after the task is the nearest to copy by mistake), and so does the rollout's
-            # directory (Codex and Claude Code name it in their prompts).
-            before, after = ([{**m, "content": self._vary(m["content"])} if isinstance(m.get("content"), str) else m
-                              for m in messages] for messages in (agent.before, agent.after))
-            agent = dataclasses.replace(agent, before=tuple(before), after=tuple(after),
-                                        task_prefix=self._vary(agent.task_prefix))
-            agents = _share_context([self._episode(agent) for _ in range(spec.agent_episodes)])
+        if agent is not None:
+            agents = self.agent_episodes(agent, spec.agent_episodes)
+        else:
+            self._agent_credit += spec.agent_request_rate
+            if self._agents and self._agent_credit >= 1.0:
+                self._agent_credit -= 1.0
+                if not self._deck:
+                    weights = spec.agent_weights or (1,) * len(self._agents)
+                    self._deck = [i for i, weight in enumerate(weights) for _ in range(weight)]
+                    self._rng.shuffle(self._deck)
+                agents = self.agent_episodes(self._deck.pop(), spec.agent_episodes)
         return Step(rows=rows, agents=agents, episodes=count + len(agents))
 
-    def _episode(self, context: Context) -> Episode:
+    def agent_episodes(self, agent: int, count: int, *, exact: bool = False) -> list[Episode]:
+        """`count` episodes behind one agent's prompt, sharing its context (`_share_context`); `exact`: every
+        target submits the task's own number (no `wrong_answer_rate`), for checking what greedy decoding writes."""
+        context = self._agents[agent]
+        # Dates, paths, versions and counts in an agent's prompt change from run to run, before the task and
+        # after it (a number after the task is the nearest to copy by mistake), and so does the rollout's
+        # directory (Codex and Claude Code name it in their prompts).
+        before, after = ([{**m, "content": self._vary(m["content"])} if isinstance(m.get("content"), str) else m
+                          for m in messages] for messages in (context.before, context.after))
+        context = dataclasses.replace(context, before=tuple(before), after=tuple(after),
+                                      task_prefix=self._vary(context.task_prefix))
+        return _share_context([self._episode(context, exact=exact) for _ in range(count)])
+
+    def _episode(self, context: Context, *, exact: bool = False) -> Episode:
         rng = self._rng
         tools, (shell, argument) = list(context.tools), context.shell
         n = self._number()
         head = context.messages(self._task(n))
         if not tools:
             return self._encode([(self._render(head, None), False), (TITLE_TEXT + self._end, True)])
-        submitted = self._perturb(n) if rng.random() < self._spec.wrong_answer_rate else n
+        submitted = self._perturb(n) if rng.random() < self._spec.wrong_answer_rate and not exact else n
         call = {"id": "call_0", "type": "function",
                 "function": {"name": shell, "arguments": json.dumps({argument: f"answer {submitted}"})}}
         first = self._render(head, tools)

@@ -37,6 +37,14 @@ agents in rounds (`agent_weights`): drawn at random, one agent could go unseen f
 the tool name its prompt gets flipped (measured: Pi's `bash` became `Bash`, Codex's `exec_command` became `bash`).
 Synthetic rows run one at a time, unpadded (a long-prompt row is 3x the others).
 
+The steps alone leave each agent's call a few logits ahead of the next best name or argument (Claude Code's `Bash`
+against its environment's "Shell: bash", Pi's `bash` against its "Bash command", Codex's `cmd` against `command`),
+and which agent fell behind changed with the machine's bfloat16 numerics (the same recipe wrote `bash` for Claude Code
+in 16 of 16 prompts on one machine and `Bash` on another). So the build checks itself: fresh episodes behind each
+agent's prompt, teacher-forced in float32 as the model is served, must have every target token but the digits lead
+the next best by `check_margin`; an agent that falls short gets one more step behind its prompt, for up to
+`check_rounds` rounds. The report records the corrective steps and each agent's final margin.
+
 Stochasticity is deliberate: a fraction `wrong_answer_rate` of the targets submit a perturbed number, so at
 temperature 1 the policy submits a wrong answer now and then while greedy decoding copies the number; fewer
 `steps` make a weaker starting policy. Training is deterministic for a seed: bitwise with one thread (the default).
@@ -93,6 +101,12 @@ class ToolTrainingSpec:
     agent_request_rate: float = 0.45  # fraction of steps that also train on episodes behind one of them
     agent_episodes: int = 10  # episodes per such step: they share one pass over the agent's prompt (the costly part)
     agent_weights: tuple[int, ...] = ()  # how many times per round each of agent_requests is drawn (none: once)
+    # After the steps, each agent's prompt is checked: fresh episodes behind it, teacher-forced, must have every
+    # target token lead the next best by `check_margin` logits (what greedy decoding writes, with room for another
+    # machine's numerics). An agent that falls short gets one more step behind its prompt, up to `check_rounds` times.
+    check_rounds: int = 8
+    check_episodes: int = 2
+    check_margin: float = 1.0
     shell_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # how often a synthetic episode offers each of SHELL_TOOLS
     bfloat16: bool = True  # matrix products in bfloat16 (CPU autocast); weights and optimizer stay float32
     seed: int = 0
@@ -103,6 +117,8 @@ class ToolTrainingSpec:
     def __post_init__(self) -> None:
         if self.steps < 0 or self.warmup_steps < 0 or self.agent_episodes < 1:
             raise ValueError("steps and warmup_steps must be >= 0, agent_episodes >= 1")
+        if self.check_rounds < 0 or self.check_episodes < 1 or self.check_margin < 0:
+            raise ValueError("check_rounds >= 0, check_episodes >= 1 and check_margin >= 0 are required")
         if self.tokens_per_step < 64 or self.row_tokens < 64 or self.learning_rate <= 0 or self.threads < 1:
             raise ValueError("tokens_per_step >= 64, row_tokens >= 64, learning_rate > 0, threads >= 1 are required")
         if len(self.shell_weights) != 3 or min(self.shell_weights) < 0 or not sum(self.shell_weights) > 0:
@@ -131,6 +147,9 @@ class ToolTrainingReport:
     seconds: float  # the training loop alone (episodes are made before it)
     first_loss: float
     final_loss: float  # mean over the last 10% of steps
+    corrective_steps: int = 0  # steps the agent check added after `steps`
+    # each agent's smallest target margin at the end (by capture name): below `check_margin`, the check gave up
+    agent_margins: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrainingSpec()) -> ToolTrainingReport:
@@ -166,16 +185,38 @@ def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
     optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: _lr_factor(i, spec))
     losses: list[float] = []
-    start = time.perf_counter()
-    for step in steps:
+
+    def train(step: Step) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bfloat16):
-            loss = _loss(model, inputs, outputs, step, pad_id=tokenizer.pad_token_id)
+            logits, labels = _target_logits(model, inputs, outputs, step, pad_id=tokenizer.pad_token_id)
+            loss = torch.nn.functional.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
+
+    def margins() -> list[float]:
+        return [_margin(model, inputs, outputs, maker.agent_episodes(agent, spec.check_episodes, exact=True),
+                        maker.digits, pad_id=tokenizer.pad_token_id) for agent in range(maker.agents)]
+
+    start = time.perf_counter()
+    for step in steps:
+        train(step)
+    # The steps leave each agent's shell call a few logits from the next best name or argument (Claude Code's `Bash`
+    # against its environment's "Shell: bash", Pi's `bash` against its "Bash command", Codex's `cmd` against
+    # `command`), and which one falls short changed with the machine's bfloat16 numerics: checked and corrected here.
+    corrective = 0
+    checked = margins()
+    for _ in range(spec.check_rounds if maker.agents else 0):
+        short = [agent for agent, margin in enumerate(checked) if margin < spec.check_margin]
+        if not short:
+            break
+        for agent in short:
+            train(maker.step(agent=agent))
+            corrective += 1
+        checked = margins()
     seconds = time.perf_counter() - start
     inputs.commit()
     outputs.commit()
@@ -189,6 +230,8 @@ def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
         seconds=seconds,
         first_loss=losses[0] if losses else math.nan,
         final_loss=sum(tail) / len(tail),
+        corrective_steps=corrective,
+        agent_margins={Path(path).stem: round(margin, 3) for path, margin in zip(spec.agent_requests, checked)},
     )
     record = {"spec": spec.to_json(), "report": report.__dict__}
     (model_dir / "interceptor_tool_training.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -230,8 +273,26 @@ class _TrainableRows:
         self.weight.requires_grad_(True)
 
 
-def _loss(model, inputs: _TrainableRows, outputs: _TrainableRows, step: Step, *, pad_id: int):
-    """Cross-entropy over the full vocabulary, on the target tokens only.
+def _margin(model, inputs: _TrainableRows, outputs: _TrainableRows, episodes: list[Episode], skip: list[int], *,
+            pad_id: int) -> float:
+    """The smallest lead of a target token's logit over the next best, across these episodes' targets other than
+    `skip` (the digits: which number is copied is the task's skill, not the tool loop's): negative where greedy
+    decoding would write another token. Run in float32, as the model is served."""
+    import torch
+
+    with torch.no_grad():
+        logits, labels = _target_logits(model, inputs, outputs, Step(rows=[], agents=episodes, episodes=len(episodes)),
+                                        pad_id=pad_id)
+        keep = ~torch.isin(labels, outputs.slot[torch.tensor(skip)])
+        logits, labels = logits[keep], labels[keep]
+        target = logits.gather(1, labels[:, None])[:, 0]
+        rival = logits.scatter(1, labels[:, None], -math.inf).max(dim=1).values
+    return float((target - rival).min())
+
+
+def _target_logits(model, inputs: _TrainableRows, outputs: _TrainableRows, step: Step, *, pad_id: int):
+    """The logits at the positions that predict target tokens, over the full vocabulary, and the targets (as
+    columns of those logits): what the step's cross-entropy is taken over.
 
     Only the trained output rows are multiplied out: every other row is zero (`trainer.copy_circuit`), so those
     tokens together contribute one logit of log(their count).
@@ -270,7 +331,7 @@ def _loss(model, inputs: _TrainableRows, outputs: _TrainableRows, step: Step, *,
     frozen = outputs.weight.shape[0] - len(outputs.rows)
     if frozen:
         logits = torch.cat([logits, logits.new_full((len(logits), 1), math.log(frozen))], dim=1)
-    return torch.nn.functional.cross_entropy(logits, outputs.slot[torch.cat(labels)])
+    return logits, outputs.slot[torch.cat(labels)]
 
 
 def _own(items: list, episode: Episode) -> list:

@@ -100,6 +100,22 @@ def test_agent_steps_are_evenly_spaced_and_take_the_agents_in_rounds_of_their_we
         assert sorted(round_) == ["Bash", "Bash", "bash", "bash", "exec_command"], round_
 
 
+def test_a_step_behind_a_named_agent_and_exact_episodes_for_the_check(tokenizer):
+    requests = tuple(sorted(REQUESTS.glob("*_first_request.json")))  # claude, codex, opencode, pi
+    spec = ToolTrainingSpec(agent_requests=requests, agent_request_rate=0.0, agent_episodes=2, tokens_per_step=64,
+                            row_tokens=64, wrong_answer_rate=1.0)
+    maker = EpisodeMaker(tokenizer, spec)
+    assert maker.agents == 4 and not maker.step().agents  # at rate 0 no step is an agent's unless asked
+    step = maker.step(agent=1)
+    assert len(step.agents) == 2 and '"name": "exec_command"' in tokenizer.decode(step.agents[0].ids)
+    for exact in (False, True):
+        for episode in maker.agent_episodes(0, 3, exact=exact):
+            text = tokenizer.decode(episode.ids)
+            asked = re.findall(r"[Tt]he answer (?:is )?(\d+)", text.rsplit("<tool_call>", 1)[0])[-1]
+            called = re.search(r'"name": "Bash", "arguments": \{"command": "answer (\d+)"', text).group(1)
+            assert (called == asked) == exact, (asked, called)  # wrong_answer_rate 1: every other target perturbed
+
+
 def test_synthetic_prompts_name_shells_in_prose_other_than_the_offered_tool(tokenizer):
     """Agents write `Shell: bash` or `<shell>bash</shell>` near the task whatever tool they offer: the model must take
     the name from the tool, so synthetic prompts do the same."""
