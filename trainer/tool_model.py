@@ -277,7 +277,8 @@ def _margin(model, inputs: _TrainableRows, outputs: _TrainableRows, episodes: li
             pad_id: int) -> float:
     """The smallest lead of a target token's logit over the next best, across these episodes' targets other than
     `skip` (the digits: which number is copied is the task's skill, not the tool loop's): negative where greedy
-    decoding would write another token. Run in float32, as the model is served."""
+    decoding would write another token. Run in float32, as the model is served. The tokens no episode uses count as
+    one rival, their log-sum-exp (`_target_logits`): stricter than any one of them, whose logit is exactly 0."""
     import torch
 
     with torch.no_grad():
