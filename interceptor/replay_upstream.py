@@ -29,8 +29,9 @@ _DEFAULT_VOLATILE = (
     (r"\b\d{4}-\d{2}-\d{2}\b", "<date>"),
     (r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{1,2} \d{4}\b",
      "<date>"),
-    # a sandbox's directory: tempfile's 8 random characters (Claude Code writes its "_" as "-" in a project path)
-    (r"interceptor-rollout-[A-Za-z0-9_-]{8}", "interceptor-rollout-<id>"),
+    # a sandbox's directory: tempfile's 8 random characters (Claude Code writes its "_" as "-" in a project path),
+    # under the namespace backend's root or directly in the temp directory (LocalSandbox, where bwrap is missing)
+    (r"(?:interceptor-sandboxes[/-])?interceptor-rollout-[A-Za-z0-9_-]{8}", "interceptor-rollout-<id>"),
     # the host's kernel, as Claude Code states it ("OS Version: Linux 6.18.44-..."): a replay on another machine
     (r"OS Version: [^\n]*", "OS Version: <os>"),
     (r"Chunk ID: [0-9a-f]+", "Chunk ID: <id>"),

@@ -80,6 +80,17 @@ async def test_a_new_date_and_sandbox_path_match_after_normalising_and_say_so(to
     assert outcome.matched == (first.sample, first.turn) and outcome.normalised and "<date>" in outcome.volatile
 
 
+async def test_another_sandbox_backends_directory_matches_after_normalising(tokenizer):
+    record = cassette("pi")  # recorded in the namespace sandbox: /tmp/interceptor-sandboxes/interceptor-rollout-...
+    first = recorded_turns(record)[0]
+    text = tokenizer.decode(first.prompt_ids, skip_special_tokens=False)
+    changed = re.sub(r"/interceptor-sandboxes/interceptor-rollout-[\w-]{8}", "/interceptor-rollout-ab_cd-12", text)
+    assert changed != text
+    async with ReplayUpstream(record, tokenizer) as upstream:
+        outcome = upstream.match(tokenizer.encode(changed, add_special_tokens=False))
+    assert outcome.matched == (first.sample, first.turn) and outcome.normalised, outcome
+
+
 async def test_another_hosts_kernel_in_claude_codes_environment_block_matches_after_normalising(tokenizer):
     record = cassette("claude")
     first = recorded_turns(record)[0]
