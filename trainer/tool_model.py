@@ -1,4 +1,4 @@
-"""Teach a tiny model one tool loop, offline, on CPU, in under a minute: call the shell with `answer N`, then "Done.".
+"""Teach a tiny model one tool loop, offline, on CPU, in 2-3 minutes: call the shell with `answer N`, then "Done.".
 
 A random tiny model never emits a tool call, so real agents never run their tool loop against it and an RL example
 has nothing to learn. `train_tool_calling(model_dir, spec)` turns a `make_tiny_model` directory (built with
@@ -13,7 +13,7 @@ renders an agent's requests (the episodes are `trainer.tool_episodes`'), does:
 2. ... + that call + the tool's `<tool_response>`  ->  `Done.<|im_end|>`;
 3. no tools at all (OpenCode's title request)  ->  a short text.
 
-How, in under a minute on one CPU thread: copying a number of any length out of the prompt needs an induction
+How, in a few minutes on one CPU thread: copying a number of any length out of the prompt needs an induction
 circuit, which gradient descent finds only after a long plateau (hundreds of steps at this size). So the model
 starts from a structured initialisation (`trainer.copy_circuit`): two layer-0 heads attend to the previous and
 the one-before-previous token by position, and a layer-1 head attends to where the last two tokens occurred before
@@ -24,8 +24,8 @@ rotate over a prompt's last few hundred tokens, and zeroes the output rows of to
 logits are exactly 0, so the full-vocabulary softmax costs only the used rows). Only the embedding rows of used
 tokens are trained.
 
-Where the time goes, and how it is kept under a minute (`trainer.tool_forward` runs the decoder): with `bfloat16`
-the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster than
+Where the time goes, and how the steps take about a minute and a half (`trainer.tool_forward` runs the decoder):
+with `bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster than
 float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens) runs
 once per step without gradient, and the step's episodes attend to its keys and values without a copy per episode;
 so does the text they share after their tasks (Claude Code's ~2.1k-token environment), run once after the first
