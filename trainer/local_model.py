@@ -1,9 +1,9 @@
 """The embedded default policy: the tiny model that `--upstream local` and the demo serve.
 
 Built once into a directory and reused: the real Qwen vocabulary (agents' first requests run to thousands of
-tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32k context, and a minute and a half of
-supervised steps on one core (trainer.tool_model) so the model answers a task by calling the agent's shell tool (`bash`, `Bash`
-or `exec_command`) with `answer N`, then finishes.
+tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32k context, and a minute and a half
+of supervised steps on one core, then a check inside each agent's prompt (trainer.tool_model), so the model answers a
+task by calling the agent's shell tool (`bash`, `Bash` or `exec_command`) with `answer N`, then finishes.
 
 The build is all or nothing (`trainer.tiny_model.building`): the model is made and trained beside the target
 directory, marked "tool-calling" with its spec and training, and only then renamed into place. So a build killed
@@ -77,7 +77,7 @@ def make_local_model(
     print(
         f"trained the tool loop for {report.steps} steps and {report.corrective_steps} corrective step(s) in "
         f"{report.seconds:.0f}s (loss {report.first_loss:.2f} -> {report.final_loss:.2f})"
-        + (f"; still short of the check's margin inside {', '.join(short)}: {short}" if short else ""),
+        + (f"; still short of the check's margin: {short}" if short else ""),
         flush=True,
     )
     return built

@@ -25,8 +25,8 @@ logits are exactly 0, so the full-vocabulary softmax costs only the used rows). 
 tokens are trained.
 
 Where the time goes, and how the steps take about a minute and a half (`trainer.tool_forward` runs the decoder):
-with `bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster than
-float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens) runs
+with `bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times
+faster than float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens) runs
 once per step without gradient, and the step's episodes attend to its keys and values without a copy per episode;
 so does the text they share after their tasks (Claude Code's ~2.1k-token environment), run once after the first
 episode's task and seen by each episode at its own positions. Each episode's own task keeps its gradient: without it
@@ -209,7 +209,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
     # `command`), and which one falls short changed with the machine's bfloat16 numerics: checked and corrected here.
     corrective = 0
     checked = margins()
-    for _ in range(spec.check_rounds if maker.agents else 0):
+    for _ in range(spec.check_rounds):  # with no agents, nothing is short
         short = [agent for agent, margin in enumerate(checked) if margin < spec.check_margin]
         if not short:
             break

@@ -68,38 +68,35 @@ async def test_each_recorded_prompt_matches_exactly_and_is_answered_with_its_own
     assert extra.divergence is not None and "an extra request" in extra.divergence.where
 
 
-async def test_a_new_date_and_sandbox_path_match_after_normalising_and_say_so(tokenizer):
-    record = cassette("pi")
+async def _match_after(tokenizer, agent: str, pattern: str, replacement: str):
+    """The first recorded turn of `agent`'s cassette, and how its prompt with `pattern` replaced is matched."""
+    record = cassette(agent)
     first = recorded_turns(record)[0]
     text = tokenizer.decode(first.prompt_ids, skip_special_tokens=False)
-    changed = re.sub(r"Current date: \d{4}-\d{2}-\d{2}", "Current date: 2031-01-02", text)
+    changed = re.sub(pattern, replacement, text)
     assert changed != text
-    prompt = tokenizer.encode(changed, add_special_tokens=False)
     async with ReplayUpstream(record, tokenizer) as upstream:
-        outcome = upstream.match(prompt)
+        outcome = upstream.match(tokenizer.encode(changed, add_special_tokens=False))
+    return first, outcome
+
+
+async def test_a_new_date_and_sandbox_path_match_after_normalising_and_say_so(tokenizer):
+    first, outcome = await _match_after(tokenizer, "pi", r"Current date: \d{4}-\d{2}-\d{2}", "Current date: 2031-01-02")
     assert outcome.matched == (first.sample, first.turn) and outcome.normalised and "<date>" in outcome.volatile
 
 
 async def test_another_sandbox_backends_directory_matches_after_normalising(tokenizer):
-    record = cassette("pi")  # recorded in the namespace sandbox: /tmp/interceptor-sandboxes/interceptor-rollout-...
-    first = recorded_turns(record)[0]
-    text = tokenizer.decode(first.prompt_ids, skip_special_tokens=False)
-    changed = re.sub(r"/interceptor-sandboxes/interceptor-rollout-[\w-]{8}", "/interceptor-rollout-ab_cd-12", text)
-    assert changed != text
-    async with ReplayUpstream(record, tokenizer) as upstream:
-        outcome = upstream.match(tokenizer.encode(changed, add_special_tokens=False))
+    # the cassette was recorded in the namespace sandbox: /tmp/interceptor-sandboxes/interceptor-rollout-...
+    first, outcome = await _match_after(tokenizer, "pi", r"/interceptor-sandboxes/interceptor-rollout-[\w-]{8}",
+                                        "/interceptor-rollout-ab_cd-12")
     assert outcome.matched == (first.sample, first.turn) and outcome.normalised, outcome
 
 
 async def test_another_hosts_kernel_in_claude_codes_environment_block_matches_after_normalising(tokenizer):
-    record = cassette("claude")
-    first = recorded_turns(record)[0]
-    text = tokenizer.decode(first.prompt_ids, skip_special_tokens=False)
-    changed = re.sub(r"OS Version: Linux [^\n]+", "OS Version: Linux 5.15.0-1-generic", text)
-    assert changed != text
-    async with ReplayUpstream(record, tokenizer) as upstream:
-        outcome = upstream.match(tokenizer.encode(changed, add_special_tokens=False))
-    assert outcome.matched == (first.sample, first.turn) and outcome.normalised and "OS Version: <os>" in outcome.volatile
+    first, outcome = await _match_after(tokenizer, "claude", r"OS Version: Linux [^\n]+",
+                                        "OS Version: Linux 5.15.0-1-generic")
+    assert (outcome.matched == (first.sample, first.turn) and outcome.normalised
+            and "OS Version: <os>" in outcome.volatile)
 
 
 async def test_a_changed_system_prompt_tool_schema_or_message_is_named(tokenizer):
