@@ -193,6 +193,7 @@ class EpisodeMaker:
         self._agents = [load_agent_request(p) for p in spec.agent_requests]
         self._end = tokenizer.eos_token  # <|im_end|>
         self._pending: list[Episode] = []
+        self._context_text, self._context_ids = "", []  # the last context piece encoded, and its ids
         self._agent_credit = 0.0  # agent steps come at `agent_request_rate`, evenly spaced
         self._deck: list[int] = []  # the agents (indices) still to come in this round
         self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
@@ -385,7 +386,12 @@ class EpisodeMaker:
         mask: list[bool] = []
         context = 0
         for text, target in pieces:
-            encoded = self._tokenizer.encode(text, add_special_tokens=False)
+            if target is None and text == self._context_text:
+                encoded = self._context_ids  # an agent step's episodes share their prompt: thousands of tokens
+            else:
+                encoded = self._tokenizer.encode(text, add_special_tokens=False)
+                if target is None:
+                    self._context_text, self._context_ids = text, encoded
             if target is None and len(ids) == context:
                 context += len(encoded)
             ids += encoded

@@ -86,6 +86,8 @@ def hidden_states(model, embeds, *, prefix: Prefix | None = None, interlude: Pre
 
 
 def _decode(model, x, positions, attend, keep: list | None = None):
+    """The decoder's final-norm hidden states; with `keep`, each layer's keys and values (before RoPE) are appended
+    to it instead and nothing is returned: the last layer stops once its keys and values are known."""
     inner, config = model.model, model.config
     cos, sin = _rope(model, positions)
     eps = config.rms_norm_eps
@@ -99,6 +101,10 @@ def _decode(model, x, positions, attend, keep: list | None = None):
         v = attention.v_proj(h).view(shape).transpose(1, 2)
         if keep is not None:
             keep.append((k, v))
+            if index == len(inner.layers) - 1:
+                # Later tokens read only this layer's keys and values: its attention over these tokens (a
+                # prompt's quadratic part) and its MLP would go unused.
+                return None
         # The fused kernel takes one dtype: the projections' (bfloat16 under autocast), not RoPE's float32.
         q, k = _rotate(q, cos, sin).to(v.dtype), _rotate(k, cos, sin).to(v.dtype)
         out = attend(index, q, k, v)
