@@ -158,6 +158,8 @@ def main() -> int:
     parser.add_argument("--small-vocab", action="store_true")
     parser.add_argument("--steps", type=int, default=LOCAL_TRAINING.steps)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=LOCAL_TRAINING.threads, help="torch threads for training "
+                        "(a build is bitwise the same for a seed and a thread count)")
     parser.add_argument("--no-agents", action="store_true", help="do not train on the captured agent requests (by "
                         "default the embedded default's training, trainer.local_model.LOCAL_TRAINING, is run)")
     parser.add_argument("--samples", type=int, default=32)
@@ -170,25 +172,27 @@ def main() -> int:
         record = json.loads((args.model / "interceptor_tool_training.json").read_text())
         results = evaluate(args.model, samples=args.samples, seed=args.seed + 1)
         summary = {"vocab": "of the model", "agents": record["spec"]["agent_requests"],
-                   "training": {**record["report"], "wall_seconds": float("nan")}, "accuracy": results}
+                   "training": {**record["report"], "wall_seconds": float("nan"),
+                                "threads": record["spec"].get("threads")}, "accuracy": results}
     else:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = make_tiny_model(Path(tmp) / "tool", tool_model_spec(real_vocab=not args.small_vocab))
             start = time.perf_counter()
-            spec = (ToolTrainingSpec(steps=args.steps, seed=args.seed) if args.no_agents
-                    else dataclasses.replace(LOCAL_TRAINING, steps=args.steps, seed=args.seed))
+            spec = (ToolTrainingSpec(steps=args.steps, seed=args.seed, threads=args.threads) if args.no_agents
+                    else dataclasses.replace(LOCAL_TRAINING, steps=args.steps, seed=args.seed, threads=args.threads))
             report = train_tool_calling(model_dir, spec)
             wall = time.perf_counter() - start
             results = evaluate(model_dir, samples=args.samples, seed=args.seed + 1)
         summary = {"vocab": "small" if args.small_vocab else "real", "agents": [p.stem for p in agents],
-                   "training": {**report.__dict__, "wall_seconds": wall}, "accuracy": results}
+                   "training": {**report.__dict__, "wall_seconds": wall, "threads": spec.threads},
+                   "accuracy": results}
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     t = summary["training"]
     print(f"{summary['vocab']} vocabulary, {t['steps']} steps, {t['episodes']} episodes, {t['tokens']} tokens: "
           f"{t['seconds']:.1f} s training loop, {t['wall_seconds']:.1f} s with loading and saving; "
-          f"loss {t['final_loss']:.3f}; {t.get('corrective_steps', 0)} corrective step(s), agent margins "
+          f"{t['threads']} thread(s); loss {t['final_loss']:.3f}; {t.get('corrective_steps', 0)} corrective step(s), agent margins "
           f"{t.get('agent_margins', {})}")
     print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'formed':>7} {'temp 1':>7} {'Done.':>6}")
     for name, r in results.items():

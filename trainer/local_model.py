@@ -1,8 +1,8 @@
 """The embedded default policy: the tiny model that `--upstream local` and the demo serve.
 
 Built once into a directory and reused: the real Qwen vocabulary (agents' first requests run to thousands of
-tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32k context, and a minute and a half
-of supervised steps on one core, then a check inside each agent's prompt (trainer.tool_model), so the model answers a
+tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32k context, and under a minute of
+supervised steps on two threads, then a check inside each agent's prompt (trainer.tool_model), so the model answers a
 task by calling the agent's shell tool (`bash`, `Bash` or `exec_command`) with `answer N`, then finishes.
 
 The build is all or nothing (`trainer.tiny_model.building`): the model is made and trained beside the target
