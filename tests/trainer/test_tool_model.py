@@ -184,6 +184,8 @@ def test_the_model_calls_the_shell_tool_inside_the_agents_real_prompt(trained, a
 
 
 def test_training_is_deterministic_for_a_seed(tmp_path):
+    # With the default two threads: deterministic kernels keep a build bitwise the same (without them, two threads
+    # summed in an order that changed from run to run).
     from safetensors.torch import load_file
 
     base = make_tiny_model(tmp_path / "base", tool_model_spec(real_vocab=False))
@@ -205,7 +207,8 @@ def test_a_model_of_another_shape_is_refused_before_training(tmp_path):
         train_tool_calling(model_dir, ToolTrainingSpec(steps=1))
 
 
-@pytest.mark.parametrize("field", [{"check_rounds": -1}, {"check_episodes": 0}, {"check_margin": -0.5}])
+@pytest.mark.parametrize("field", [{"check_rounds": -1}, {"check_episodes": 0}, {"check_margin": -0.5},
+                                   {"check_learning_rate": 0.0}])
 def test_spec_rejects_a_check_that_cannot_run(field):
     with pytest.raises(ValueError, match="check_"):
         ToolTrainingSpec(**field)
