@@ -192,8 +192,8 @@ def main() -> int:
     t = summary["training"]
     print(f"{summary['vocab']} vocabulary, {t['steps']} steps, {t['episodes']} episodes, {t['tokens']} tokens: "
           f"{t['seconds']:.1f} s training loop, {t['wall_seconds']:.1f} s with loading and saving; "
-          f"{t['threads']} thread(s); loss {t['final_loss']:.3f}; {t.get('corrective_steps', 0)} corrective step(s), agent margins "
-          f"{t.get('agent_margins', {})}")
+          f"{t['threads']} thread(s); loss {t['final_loss']:.3f}; {t.get('corrective_steps', 0)} corrective "
+          f"step(s), agent margins {t.get('agent_margins', {})}")
     print(f"{'context':>28} {'prompts':>7} {'greedy':>7} {'formed':>7} {'temp 1':>7} {'Done.':>6}")
     for name, r in results.items():
         print(f"{name:>28} {r['prompts']:>7} {r['greedy']:>7.0%} {r['well_formed']:>7.0%} {r['temperature_1']:>7.0%} "
