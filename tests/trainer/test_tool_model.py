@@ -160,8 +160,8 @@ def _calls_the_shell(text: str, shell: tuple[str, str]) -> bool:
 
 # Claude Code puts ~2k tokens with numbers (its environment, the date) between the task and the answer: there the
 # two-token copy circuit now and then takes a wrong continuation of the number (measured before the build's check:
-# 7 to 10 of 16 right over seeds 0 and 1; with it, 15 of 16 for both; the other agents 15 to 16 of 16). So there only
-# the call is asserted.
+# 7 to 10 of 16 right over seeds 0 and 1; with it, 15 of 16 for both on one thread, 12 and 11 on two; the other
+# agents 15 to 16 of 16). So there only the call is asserted.
 EXACT_NUMBERS = {"pi", "opencode", "codex"}
 
 
