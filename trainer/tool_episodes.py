@@ -12,6 +12,7 @@ Responses capture is read through the server's own dialect parser).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -193,7 +194,9 @@ class EpisodeMaker:
         self._agents = [load_agent_request(p) for p in spec.agent_requests]
         self._end = tokenizer.eos_token  # <|im_end|>
         self._pending: list[Episode] = []
-        self._context_text, self._context_ids = "", []  # the last context piece encoded, and its ids
+        # An agent step's episodes share their prompt (thousands of tokens): the last one encoded is kept.
+        self._encode_context = functools.lru_cache(maxsize=1)(
+            lambda text: self._tokenizer.encode(text, add_special_tokens=False))
         self._agent_credit = 0.0  # agent steps come at `agent_request_rate`, evenly spaced
         self._deck: list[int] = []  # the agents (indices) still to come in this round
         self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
@@ -386,12 +389,8 @@ class EpisodeMaker:
         mask: list[bool] = []
         context = 0
         for text, target in pieces:
-            if target is None and text == self._context_text:
-                encoded = self._context_ids  # an agent step's episodes share their prompt: thousands of tokens
-            else:
-                encoded = self._tokenizer.encode(text, add_special_tokens=False)
-                if target is None:
-                    self._context_text, self._context_ids = text, encoded
+            encoded = (self._encode_context(text) if target is None
+                       else self._tokenizer.encode(text, add_special_tokens=False))
             if target is None and len(ids) == context:
                 context += len(encoded)
             ids += encoded

@@ -163,8 +163,8 @@ def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrain
 
     model_dir = Path(model_dir)
     threads = torch.get_num_threads()
-    deterministic = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())
+    deterministic, warn_only = (torch.are_deterministic_algorithms_enabled(),
+                                torch.is_deterministic_algorithms_warn_only_enabled())
     torch.set_num_threads(spec.threads)
     # With more than one thread, a few kernels (as measured: the synthetic rows' steps) sum in an order that changes
     # from run to run; their deterministic variants make a build bitwise the same for a seed and a thread count.
@@ -174,7 +174,7 @@ def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrain
         return _train(model_dir, spec)
     finally:
         torch.set_num_threads(threads)  # process-wide settings: give the caller its own back
-        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
