@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .tiny_model import BuiltModel, TinyModelSpec, building, read_built_model, record_built_model, write_tiny_model
+from .tiny_model import (BuiltModel, TinyModelSpec, building, read_built_model, record_built_model, tiny_tokenizer,
+                         write_tiny_model)
 from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 
 __all__ = ["LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "ensure_local_model", "make_local_model"]
@@ -67,8 +68,9 @@ def make_local_model(
     replacing = f", replacing the {built.kind} model there" if built is not None else ""
     with building(model_dir) as work:
         print(f"building the local tiny model in {model_dir}{replacing} ...", flush=True)
-        random = write_tiny_model(work, spec)
-        report = train_tool_calling(work, training)
+        tokenizer = tiny_tokenizer(spec)
+        random = write_tiny_model(work, spec, tokenizer=tokenizer)
+        report = train_tool_calling(work, training, tokenizer=tokenizer)
         built = dataclasses.replace(
             random, kind="tool-calling", training={"spec": training.to_json(), "report": dataclasses.asdict(report)}
         )

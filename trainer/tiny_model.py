@@ -41,6 +41,7 @@ __all__ = [
     "make_tiny_model",
     "read_built_model",
     "record_built_model",
+    "tiny_tokenizer",
     "write_tiny_model",
 ]
 
@@ -110,13 +111,10 @@ def make_tiny_model(out: Path | str, spec: TinyModelSpec = TinyModelSpec()) -> P
     return out
 
 
-def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec()) -> BuiltModel:
-    """Write the random model into `directory` itself, marked "random" (in place: use it inside `building`)."""
-    import torch
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+def tiny_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
+    """The tokenizer (with Qwen3's chat template) that `write_tiny_model` writes for this spec."""
+    from transformers import PreTrainedTokenizerFast
 
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     backend = _real_vocab_tokenizer() if spec.real_vocab else _train_small_bpe(spec.bpe_vocab_size)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -128,6 +126,18 @@ def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec()) -> 
         model_max_length=spec.max_position_embeddings,
     )
     tokenizer.chat_template = trl_chat_template("qwen3")
+    return tokenizer
+
+
+def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec(), *, tokenizer=None) -> BuiltModel:
+    """Write the random model into `directory` itself, marked "random" (in place: use it inside `building`).
+    `tokenizer`: this spec's `tiny_tokenizer`, when the caller already made it (the real vocabulary's takes ~2 s)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(spec)
     tokenizer.save_pretrained(out)
 
     vocab_size = _round_up(len(tokenizer), 64)

@@ -36,7 +36,8 @@ Claude Code's "Shell: bash") instead of from the offered tool; for the same reas
 prose (`Shell: bash`, `<shell>zsh</shell>`), often not the offered one. Agent steps are evenly spaced and take the
 agents in rounds (`agent_weights`): drawn at random, one agent could go unseen for the last stretch of training and
 the tool name its prompt gets flipped (measured: Pi's `bash` became `Bash`, Codex's `exec_command` became `bash`).
-Synthetic rows run one at a time, unpadded (a long-prompt row is 3x the others).
+Synthetic rows run one at a time, unpadded (a long-prompt row is 3x the others). The steps keep the pages they free
+for the next step (`trainer.heap`): glibc's defaults faulted them in again, 18 s of system time in a 62 s build.
 
 The steps alone leave each agent's call a few logits ahead of the next best name or argument (Claude Code's `Bash`
 against its environment's "Shell: bash", Pi's `bash` against its "Bash command", Codex's `cmd` against `command`),
@@ -62,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .copy_circuit import ROPE_THETA, wire_copy_circuit
+from .heap import retained_heap
 from .tool_episodes import BASH_TOOL, DONE_TEXT, Episode, EpisodeMaker, Step, answer_call
 from .tool_forward import hidden_states, interlude_states, prefix_states
 
@@ -157,8 +159,10 @@ class ToolTrainingReport:
     agent_margins: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrainingSpec()) -> ToolTrainingReport:
-    """Initialise the model in `model_dir` for copying, train it, and save it in place; return what the run did."""
+def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrainingSpec(), *,
+                       tokenizer=None) -> ToolTrainingReport:
+    """Initialise the model in `model_dir` for copying, train it, and save it in place; return what the run did.
+    `tokenizer`: the one saved in `model_dir`, when the caller holds it (loading the real vocabulary's takes ~1 s)."""
     import torch
 
     model_dir = Path(model_dir)
@@ -171,18 +175,19 @@ def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrain
     # Warn only: a kernel with no deterministic variant on another machine costs reproducibility, not the build.
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        return _train(model_dir, spec)
+        with retained_heap():  # each step frees and allocates the same large tensors: keep the pages (heap.py)
+            return _train(model_dir, spec, tokenizer)
     finally:
         torch.set_num_threads(threads)  # process-wide settings: give the caller its own back
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
-def _train(model_dir: Path, spec: ToolTrainingSpec) -> ToolTrainingReport:
+def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingReport:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(spec.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
     config = AutoConfig.from_pretrained(str(model_dir))
     config.rope_parameters = {"rope_type": "default", "rope_theta": ROPE_THETA}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=torch.float32)
