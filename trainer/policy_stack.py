@@ -88,9 +88,9 @@ class PolicyStack:
         async with AsyncExitStack() as stack:
             if config.local:
                 if config.build_local_model:
-                    from .local_model import ensure_local_model
+                    from .local_model import prepare_local_model
 
-                    self.model_dir = await asyncio.to_thread(ensure_local_model, config.model)
+                    self.model_dir = await prepare_local_model(config.model)
                 self.engine = await stack.enter_async_context(LocalEngine(EngineConfig(
                     model=self.model_dir, port=0, served_model_name=config.served_model_name, seed=config.seed,
                     device=config.engine_device, dtype=config.engine_dtype,

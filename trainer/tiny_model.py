@@ -38,6 +38,7 @@ __all__ = [
     "ModelDirError",
     "TinyModelSpec",
     "building",
+    "check_replaceable",
     "make_tiny_model",
     "read_built_model",
     "record_built_model",
@@ -204,7 +205,7 @@ def building(out: Path | str) -> Iterator[Path]:
     `out` must be absent, empty, or hold a marker; anything else raises `ModelDirError`, before the build starts
     and again before the swap."""
     out = Path(out)
-    _check_replaceable(out)
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_builds(out)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{os.getpid()}-", dir=out.parent))
@@ -212,7 +213,7 @@ def building(out: Path | str) -> Iterator[Path]:
         yield work
         if read_built_model(work) is None:
             raise RuntimeError(f"the build for {out} finished without writing its marker {MARKER}")
-        _check_replaceable(out)
+        check_replaceable(out)
         if out.exists():
             # Set the old one aside first: between the two renames `out` is absent (a reader then builds), never half.
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
@@ -225,7 +226,9 @@ def building(out: Path | str) -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _check_replaceable(out: Path) -> None:
+def check_replaceable(out: Path) -> None:
+    """Raise `ModelDirError` unless a build may replace `out`: absent, empty, or holding a model built here."""
+    out = Path(out)
     if not out.exists():
         return
     if not out.is_dir():

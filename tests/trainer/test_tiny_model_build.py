@@ -4,6 +4,7 @@ overwritten. Training runs a couple of steps on the small vocabulary except in t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 from interceptor.cli import main
-from trainer.local_model import ensure_local_model, make_local_model
+from trainer.local_model import ensure_local_model, make_local_model, prepare_local_model
 from trainer.tiny_model import (
     MARKER,
     ModelDirError,
@@ -181,3 +182,58 @@ def test_make_tiny_model_replaces_a_model_it_built_and_an_empty_directory(tmp_pa
     empty.mkdir()
     make_tiny_model(empty)
     assert read_built_model(empty).kind == "random"
+
+
+async def test_the_policy_stack_serves_a_model_already_there_without_starting_a_build(tmp_path, monkeypatch):
+    random = make_tiny_model(tmp_path / "model", SMALL)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "config.json").write_text("{}")
+
+    async def no_child(*args, **kwargs):
+        raise AssertionError(f"a build was started: {args}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_child)
+    assert await prepare_local_model(random) == random
+    assert await prepare_local_model(theirs) == theirs
+
+
+async def test_the_policy_stack_refuses_a_directory_of_other_files_before_any_build(tmp_path, monkeypatch):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+
+    async def no_child(*args, **kwargs):
+        raise AssertionError(f"a build was started: {args}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_child)
+    with pytest.raises(ModelDirError):
+        await prepare_local_model(out)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+async def test_a_build_in_the_child_that_fails_is_an_error_that_says_so(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "model"  # the child cannot make the build directory beside it
+
+    with pytest.raises(RuntimeError, match=r"building the local model in .* failed \(the build exited with 1"):
+        await prepare_local_model(out)
+
+
+async def test_a_cancelled_build_stops_its_child_and_leaves_no_build_directory(tmp_path):
+    out = tmp_path / "model"
+    build = asyncio.create_task(prepare_local_model(out))
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".model.building-*")):  # the child has started building
+        assert not build.done(), build
+        if time.monotonic() > deadline:
+            build.cancel()
+            pytest.fail("the child did not start its build within its bound")
+        await asyncio.sleep(0.05)
+
+    build.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await build
+
+    assert not out.exists()
+    assert _siblings(out) == []  # SIGINT: the child removed its build directory on the way out
