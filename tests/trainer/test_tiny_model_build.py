@@ -184,29 +184,30 @@ def test_make_tiny_model_replaces_a_model_it_built_and_an_empty_directory(tmp_pa
     assert read_built_model(empty).kind == "random"
 
 
-async def test_the_policy_stack_serves_a_model_already_there_without_starting_a_build(tmp_path, monkeypatch):
+@pytest.fixture
+def no_child_process(monkeypatch):
+    """Any child process started (a build) fails the test."""
+    async def no_child(*args, **kwargs):
+        raise AssertionError(f"a build was started: {args}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_child)
+
+
+async def test_the_policy_stack_serves_a_model_already_there_without_starting_a_build(tmp_path, no_child_process):
     random = make_tiny_model(tmp_path / "model", SMALL)
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "config.json").write_text("{}")
 
-    async def no_child(*args, **kwargs):
-        raise AssertionError(f"a build was started: {args}")
-
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_child)
     assert await prepare_local_model(random) == random
     assert await prepare_local_model(theirs) == theirs
 
 
-async def test_the_policy_stack_refuses_a_directory_of_other_files_before_any_build(tmp_path, monkeypatch):
+async def test_the_policy_stack_refuses_a_directory_of_other_files_before_any_build(tmp_path, no_child_process):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
 
-    async def no_child(*args, **kwargs):
-        raise AssertionError(f"a build was started: {args}")
-
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_child)
     with pytest.raises(ModelDirError):
         await prepare_local_model(out)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
