@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import signal
 import sys
 from pathlib import Path
@@ -71,7 +72,10 @@ async def prepare_local_model(model_dir: Path | str) -> Path:
     if _servable(model_dir):
         return model_dir
     check_replaceable(model_dir)
-    child = await asyncio.create_subprocess_exec(sys.executable, "-m", "trainer.local_model", str(model_dir))
+    # This very package, wherever the caller imported it from (a Ray worker's working directory, say).
+    path = os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH"))))
+    child = await asyncio.create_subprocess_exec(sys.executable, "-m", "trainer.local_model", str(model_dir),
+                                                 env={**os.environ, "PYTHONPATH": path})
     try:
         code = await child.wait()
     except BaseException:
