@@ -24,9 +24,14 @@ from .tiny_model import (BuiltModel, TinyModelSpec, building, check_replaceable,
                          tiny_tokenizer, write_tiny_model)
 from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 
-__all__ = ["LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "ensure_local_model", "make_local_model", "prepare_local_model"]
+__all__ = ["LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "LocalModelBuildFailed", "ensure_local_model", "make_local_model",
+           "prepare_local_model"]
 
 _CHILD_GRACE_S = 10.0  # a cancelled build's time to remove its directory before it is killed
+
+
+class LocalModelBuildFailed(RuntimeError):
+    """`prepare_local_model`'s child exited without building the model (its own output says why)."""
 
 LOCAL_MODEL_SPEC = dataclasses.replace(tool_model_spec(real_vocab=True), max_position_embeddings=32768)
 # Pi's, OpenCode's, Claude Code's and Codex's real first requests (the messages around the task and the tools,
@@ -89,8 +94,8 @@ async def prepare_local_model(model_dir: Path | str) -> Path:
                 await child.wait()
         raise
     if code != 0:
-        raise RuntimeError(f"building the local model in {model_dir} failed (the build exited with {code}; its "
-                           "output is above)")
+        raise LocalModelBuildFailed(f"building the local model in {model_dir} failed (the build exited with {code}; "
+                                    "its output is above)")
     return model_dir
 
 

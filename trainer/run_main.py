@@ -167,8 +167,17 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    from .local_model import LocalModelBuildFailed
+    from .tiny_model import ModelDirError
+
     try:
         return asyncio.run(run(args))
+    except ModelDirError as exc:
+        print(f"interceptor run: error: {exc}", file=sys.stderr)
+        return 2
+    except LocalModelBuildFailed as exc:
+        print(f"interceptor run: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("stopped: agents were ended and finished rollouts kept", file=sys.stderr)
         return 130

@@ -344,7 +344,17 @@ def run_train_from_args(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"interceptor train: error: {exc}", file=sys.stderr)
         return 2
-    result = asyncio.run(train(config))
+    from .local_model import LocalModelBuildFailed
+    from .tiny_model import ModelDirError
+
+    try:
+        result = asyncio.run(train(config))
+    except ModelDirError as exc:
+        print(f"interceptor train: error: {exc}", file=sys.stderr)
+        return 2
+    except LocalModelBuildFailed as exc:
+        print(f"interceptor train: error: {exc}", file=sys.stderr)
+        return 1
     print(f"\n{result.steps} steps in {result.seconds:.0f}s; mean reward per step: "
           + " ".join(f"{r:.2f}" for r in result.reward_per_step))
     print(f"metrics: {result.metrics_path}; plot: {config.out / 'reward.png'}")

@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 from interceptor.cli import main
-from trainer.local_model import ensure_local_model, make_local_model, prepare_local_model
+from trainer.local_model import LocalModelBuildFailed, ensure_local_model, make_local_model, prepare_local_model
 from trainer.tiny_model import (
     MARKER,
     ModelDirError,
@@ -217,7 +217,7 @@ async def test_a_build_in_the_child_that_fails_is_an_error_that_says_so(tmp_path
     (tmp_path / "a-file").write_text("")
     out = tmp_path / "a-file" / "model"  # the child cannot make the build directory beside it
 
-    with pytest.raises(RuntimeError, match=r"building the local model in .* failed \(the build exited with 1"):
+    with pytest.raises(LocalModelBuildFailed, match=r"building the local model in .* failed \(the build exited with 1"):
         await prepare_local_model(out)
 
 
@@ -238,3 +238,16 @@ async def test_a_cancelled_build_stops_its_child_and_leaves_no_build_directory(t
 
     assert not out.exists()
     assert _siblings(out) == []  # SIGINT: the child removed its build directory on the way out
+
+
+def test_run_refuses_a_directory_of_other_files_as_its_local_model_with_a_clear_error(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+
+    code = main(["run", "--agent", "pi", "--tasks", str(ROOT / "examples/tasks/arithmetic.jsonl"), "--upstream",
+                 "local", "--model", str(out), "--out", str(tmp_path / "run")])
+
+    assert code == 2
+    assert "interceptor run: error:" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
