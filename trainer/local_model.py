@@ -20,18 +20,28 @@ import signal
 import sys
 from pathlib import Path
 
-from .tiny_model import (BuiltModel, TinyModelSpec, building, check_replaceable, read_built_model, record_built_model,
-                         tiny_tokenizer, write_tiny_model)
+from .tiny_model import (BuiltModel, ModelDirError, TinyModelSpec, building, check_replaceable, read_built_model,
+                         record_built_model, tiny_tokenizer, write_tiny_model)
 from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 
-__all__ = ["LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "LocalModelBuildFailed", "ensure_local_model", "make_local_model",
-           "prepare_local_model"]
+__all__ = ["LOCAL_MODEL_ERRORS", "LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "LocalModelBuildFailed", "ensure_local_model",
+           "local_model_error_exit", "make_local_model", "prepare_local_model"]
 
 _CHILD_GRACE_S = 10.0  # a cancelled build's time to remove its directory before it is killed
 
 
 class LocalModelBuildFailed(RuntimeError):
     """`prepare_local_model`'s child exited without building the model (its own output says why)."""
+
+
+LOCAL_MODEL_ERRORS = (ModelDirError, LocalModelBuildFailed)
+
+
+def local_model_error_exit(command: str, exc: Exception) -> int:
+    """A command's one-line answer to one of `LOCAL_MODEL_ERRORS`, and its exit status: 2 for a directory it
+    refused (the user's input), 1 for a build that failed."""
+    print(f"interceptor {command}: error: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, ModelDirError) else 1
 
 LOCAL_MODEL_SPEC = dataclasses.replace(tool_model_spec(real_vocab=True), max_position_embeddings=32768)
 # Pi's, OpenCode's, Claude Code's and Codex's real first requests (the messages around the task and the tools,

@@ -167,17 +167,12 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from .local_model import LocalModelBuildFailed
-    from .tiny_model import ModelDirError
+    from .local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
 
     try:
         return asyncio.run(run(args))
-    except ModelDirError as exc:
-        print(f"interceptor run: error: {exc}", file=sys.stderr)
-        return 2
-    except LocalModelBuildFailed as exc:
-        print(f"interceptor run: error: {exc}", file=sys.stderr)
-        return 1
+    except LOCAL_MODEL_ERRORS as exc:
+        return local_model_error_exit("run", exc)
     except KeyboardInterrupt:
         print("stopped: agents were ended and finished rollouts kept", file=sys.stderr)
         return 130

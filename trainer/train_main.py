@@ -344,17 +344,12 @@ def run_train_from_args(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"interceptor train: error: {exc}", file=sys.stderr)
         return 2
-    from .local_model import LocalModelBuildFailed
-    from .tiny_model import ModelDirError
+    from .local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
 
     try:
         result = asyncio.run(train(config))
-    except ModelDirError as exc:
-        print(f"interceptor train: error: {exc}", file=sys.stderr)
-        return 2
-    except LocalModelBuildFailed as exc:
-        print(f"interceptor train: error: {exc}", file=sys.stderr)
-        return 1
+    except LOCAL_MODEL_ERRORS as exc:
+        return local_model_error_exit("train", exc)
     print(f"\n{result.steps} steps in {result.seconds:.0f}s; mean reward per step: "
           + " ".join(f"{r:.2f}" for r in result.reward_per_step))
     print(f"metrics: {result.metrics_path}; plot: {config.out / 'reward.png'}")
