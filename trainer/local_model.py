@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from .tiny_model import (BuiltModel, ModelDirError, TinyModelSpec, building, check_replaceable, read_built_model,
-                         record_built_model, tiny_tokenizer, write_tiny_model)
+                         record_built_model, remove_abandoned_builds, tiny_tokenizer, write_tiny_model)
 from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 
 __all__ = ["LOCAL_MODEL_ERRORS", "LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "LocalModelBuildFailed", "ensure_local_model",
@@ -82,7 +82,8 @@ async def prepare_local_model(model_dir: Path | str) -> Path:
     child's main thread. glibc gives each other thread an arena of its own, whose heaps go back to the system when
     free whatever `mallopt` says, so a build on a worker thread faulted its pages in at every step again (measured:
     7.0 million minor faults, 15.5 s of system time, 57 s, against 0.9-1.2 million, 4.3 s and ~50 s on a main
-    thread). Cancelled, the child gets SIGINT (its build directory is removed) and then, if it lingers, SIGKILL."""
+    thread). Cancelled, the child gets SIGTERM and then, if it lingers, SIGKILL; once it is gone, whatever build
+    directory it left is removed here."""
     model_dir = Path(model_dir)
     if _servable(model_dir):
         return model_dir
@@ -95,15 +96,17 @@ async def prepare_local_model(model_dir: Path | str) -> Path:
         code = await child.wait()
     except BaseException:
         if child.returncode is None:
-            child.send_signal(signal.SIGINT)
+            child.terminate()
             try:
                 async with asyncio.timeout(_CHILD_GRACE_S):
                     await child.wait()
             except TimeoutError:
                 child.kill()
                 await child.wait()
+        remove_abandoned_builds(model_dir)  # whatever the child had time to clean up itself
         raise
     if code != 0:
+        remove_abandoned_builds(model_dir)
         raise LocalModelBuildFailed(f"building the local model in {model_dir} failed (the build exited with {code}; "
                                     "its output is above)")
     return model_dir
@@ -158,5 +161,13 @@ def _is_build_of(built: BuiltModel | None, spec: TinyModelSpec, training: ToolTr
     )
 
 
+def _stop(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":  # prepare_local_model's child: build into the directory given
+    # A stop ends the build through its cleanup (`building` removes the build directory): SIGTERM from the parent,
+    # and Ctrl-C even where the parent was started with SIGINT ignored (a background job), which a child inherits.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ensure_local_model(sys.argv[1])

@@ -42,6 +42,7 @@ __all__ = [
     "make_tiny_model",
     "read_built_model",
     "record_built_model",
+    "remove_abandoned_builds",
     "tiny_tokenizer",
     "write_tiny_model",
 ]
@@ -207,7 +208,7 @@ def building(out: Path | str) -> Iterator[Path]:
     out = Path(out)
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_builds(out)
+    remove_abandoned_builds(out)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{os.getpid()}-", dir=out.parent))
     try:
         yield work
@@ -240,8 +241,11 @@ def check_replaceable(out: Path) -> None:
         )
 
 
-def _remove_abandoned_builds(out: Path) -> None:
-    """Directories that builds for `out` left behind when their process was killed."""
+def remove_abandoned_builds(out: Path) -> None:
+    """Remove the directories that builds for `out` left behind when their process was killed (those of a process
+    that still runs are kept)."""
+    if not out.parent.is_dir():
+        return
     prefix = f".{out.name}."
     for leftover in out.parent.iterdir():
         if not leftover.name.startswith(prefix):

@@ -225,19 +225,25 @@ async def test_a_cancelled_build_stops_its_child_and_leaves_no_build_directory(t
     out = tmp_path / "model"
     build = asyncio.create_task(prepare_local_model(out))
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".model.building-*")):  # the child has started building
+    # The random model is written and marked in the build directory: training has started, or is about to.
+    while not list(tmp_path.glob(f".model.building-*/{MARKER}")):
         assert not build.done(), build
         if time.monotonic() > deadline:
             build.cancel()
             pytest.fail("the child did not start its build within its bound")
         await asyncio.sleep(0.05)
 
+    [building_dir] = tmp_path.glob(".model.building-*")
+    child = int(building_dir.name.split("-")[1])
+
     build.cancel()
     with pytest.raises(asyncio.CancelledError):
         await build
 
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the child is gone (and reaped)
     assert not out.exists()
-    assert _siblings(out) == []  # SIGINT: the child removed its build directory on the way out
+    assert _siblings(out) == []  # no build directory left
 
 
 def test_run_refuses_a_directory_of_other_files_as_its_local_model_with_a_clear_error(tmp_path, capsys):
