@@ -43,6 +43,7 @@ def local_model_error_exit(command: str, exc: Exception) -> int:
     print(f"interceptor {command}: error: {exc}", file=sys.stderr)
     return 2 if isinstance(exc, ModelDirError) else 1
 
+
 LOCAL_MODEL_SPEC = dataclasses.replace(tool_model_spec(real_vocab=True), max_position_embeddings=32768)
 # Pi's, OpenCode's, Claude Code's and Codex's real first requests (the messages around the task and the tools,
 # secret removed): trained on, so the model answers inside those agents too.
@@ -95,21 +96,27 @@ async def prepare_local_model(model_dir: Path | str) -> Path:
     try:
         code = await child.wait()
     except BaseException:
-        if child.returncode is None:
-            child.terminate()
-            try:
-                async with asyncio.timeout(_CHILD_GRACE_S):
-                    await child.wait()
-            except TimeoutError:
-                child.kill()
-                await child.wait()
-        remove_abandoned_builds(model_dir)  # whatever the child had time to clean up itself
+        await _end(child)
         raise
+    finally:
+        remove_abandoned_builds(model_dir)  # whatever a child that is gone left (none after a finished build)
     if code != 0:
-        remove_abandoned_builds(model_dir)
         raise LocalModelBuildFailed(f"building the local model in {model_dir} failed (the build exited with {code}; "
                                     "its output is above)")
     return model_dir
+
+
+async def _end(child: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL if the child is still there after `_CHILD_GRACE_S`; return once it is reaped."""
+    if child.returncode is not None:
+        return
+    child.terminate()
+    try:
+        async with asyncio.timeout(_CHILD_GRACE_S):
+            await child.wait()
+    except TimeoutError:
+        child.kill()
+        await child.wait()
 
 
 def _servable(model_dir: Path) -> bool:
@@ -161,13 +168,13 @@ def _is_build_of(built: BuiltModel | None, spec: TinyModelSpec, training: ToolTr
     )
 
 
-def _stop(signum: int, frame) -> None:
+def _exit_on_signal(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":  # prepare_local_model's child: build into the directory given
     # A stop ends the build through its cleanup (`building` removes the build directory): SIGTERM from the parent,
     # and Ctrl-C even where the parent was started with SIGINT ignored (a background job), which a child inherits.
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     ensure_local_model(sys.argv[1])
