@@ -1,11 +1,13 @@
 """The client for the policy server (vLLM or the local engine) and, in black_box mode, any OpenAI-style API.
 
-One pooled aiohttp session and one request path (`_send`) with one retry policy (a plain loop: a retrying object
-per call cost more than the call's own parsing): connection errors,
-resets before or in the middle of a body (aiohttp's payload errors), an aborted generation and the statuses in
-`RETRYABLE_STATUSES` are retried with jittered exponential backoff (full jitter), within an `AttemptBudget`: the total number
-of upstream calls one turn may cost, shared by the agent's own retries of that turn (so an SDK that retries 3
-times does not make 3 x 4 calls). What still fails is converted once, here, into the interceptor's errors:
+The JSON calls (a generation per turn, the model list) go through a lean keep-alive HTTP/1.1 pool when the
+upstream is plain http (`http1.py`: aiohttp's client was the largest single cost of a busy gate), else through the
+pooled aiohttp session, which also carries black_box relays. One retry policy (`_retrying`, a plain loop: a
+retrying object per call cost more than the call's own parsing) covers both: connection errors, resets before or in
+the middle of a body (aiohttp's payload errors, the pool's `HttpError`), an aborted generation and the statuses in
+`RETRYABLE_STATUSES` are retried with jittered exponential backoff (full jitter), within an `AttemptBudget`: the
+total number of upstream calls one turn may cost, shared by the agent's own retries of that turn (so an SDK that
+retries 3 times does not make 3 x 4 calls). What still fails is converted once, here, into the interceptor's errors:
 unreachable or failing -> 503, timed out -> 504, a reply that breaks the contract -> 502.
 
 Generation goes through `/v1/completions` with token ids in and token ids out, never streaming (streamed token ids
@@ -17,13 +19,15 @@ never a zero. URLs in messages have their credentials removed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -31,11 +35,13 @@ import orjson
 
 from .config import UpstreamConfig
 from .errors import ContextLengthExceeded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from .http1 import Http1Pool, HttpError, lean_client_serves
 from .records import Generation
 
 __all__ = ["AttemptBudget", "RETRYABLE_STATUSES", "UpstreamClient", "parse_generation", "redact_url"]
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+T = TypeVar("T")
 _ERROR_TEXT_KEPT = 500  # characters of an upstream error body quoted in our own error message
 
 
@@ -77,7 +83,9 @@ class UpstreamClient:
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Http1Pool | None = None
         self._where = redact_url(config.root)
+        self._json_headers = self._headers()
 
     async def __aenter__(self) -> UpstreamClient:
         self._session = aiohttp.ClientSession(
@@ -89,9 +97,14 @@ class UpstreamClient:
                 total=self.config.request_timeout_s, sock_connect=self.config.connect_timeout_s
             ),
         )
+        if lean_client_serves(self.config.root):  # the JSON calls (a generation per turn) take the lean path
+            self._pool = Http1Pool(self.config.root, limit=self.config.max_connections,
+                                   connect_timeout_s=self.config.connect_timeout_s)
         return self
 
     async def __aexit__(self, *exc_info) -> None:
+        if self._pool is not None:
+            await self._pool.close()
         if self._session is not None:
             await self._session.close()
 
@@ -115,34 +128,47 @@ class UpstreamClient:
                 headers["Authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    # ------------------------------------------------------------------------------- the one request path
+    # ------------------------------------------------------------------------------- the one retry policy
+
+    async def _fetch(self, method: str, path: str, data: bytes | None, *, budget: AttemptBudget) -> bytes:
+        """The body of a JSON call's answer, tried within `budget`; any 4xx or 5xx left is an error. Plain http
+        upstreams (vLLM, the local engine) are called through the lean pool (`http1.py`), others through aiohttp."""
+        self._check_budget(budget)
+        with self._converted_errors():
+            return await self._retrying(budget, functools.partial(self._fetch_once, method, path, data))
 
     @asynccontextmanager
     async def _send(
-        self, method: str, path: str, *, data: bytes | None, budget: AttemptBudget, passthrough: bool = False,
+        self, method: str, path: str, *, data: bytes | None, budget: AttemptBudget,
         headers: dict[str, str] | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Send until an answer worth keeping, within `budget`, and yield the response with its body unread.
+        """Send until an answer worth relaying, within `budget`, and yield the response with its body unread
+        (black_box): a response whose status is not retryable is the agent's answer and comes back as it is, for
+        streaming through (a 429 too: the agent's own back-off applies)."""
+        self._check_budget(budget)
+        url = self.config.root + path
+        with self._converted_errors():
+            resp = await self._retrying(budget, functools.partial(self._relay_once, method, url, data, headers))
+            try:
+                yield resp
+            finally:
+                resp.release()
 
-        Without `passthrough` the body is read inside the retried block (a reset in the middle of it is retried)
-        and any 4xx or 5xx is an error. With `passthrough` (black_box relays), a response whose status is not
-        retryable is the agent's answer and comes back as it is, body unread, for streaming through."""
+    def _check_budget(self, budget: AttemptBudget) -> None:
         if budget.spent:
             raise UpstreamUnavailable(
                 f"this turn has used its {budget.total} upstream calls (the agent's retries share them); "
                 "the policy server is failing"
             )
-        url = self.config.root + path
-        headers = headers or self._headers()
+
+    @contextmanager
+    def _converted_errors(self) -> Iterator[None]:
+        """What still fails after the retries, as the interceptor's errors (503, 504)."""
         try:
-            resp = await self._answer_worth_keeping(method, url, data, headers, budget, passthrough)
-            try:
-                yield resp
-            finally:
-                resp.release()
+            yield
         except _Retryable as exc:
             raise UpstreamUnavailable(f"the policy server at {self._where} kept failing ({exc.message})") from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, HttpError) as exc:
             raise UpstreamUnavailable(f"cannot reach the policy server at {self._where}: {_describe(exc)}") from exc
         except TimeoutError as exc:
             raise UpstreamTimeout(
@@ -151,43 +177,53 @@ class UpstreamClient:
         except aiohttp.ClientError as exc:  # anything else aiohttp raises: bad URL, too many redirects, ...
             raise UpstreamUnavailable(f"the request to {self._where} failed: {_describe(exc)}") from exc
 
-    async def _answer_worth_keeping(
-        self, method: str, url: str, data: bytes | None, headers: dict[str, str], budget: AttemptBudget,
-        passthrough: bool,
-    ) -> aiohttp.ClientResponse:
-        """Try until a response that is not retryable or the budget is spent; wait a random time below a doubling
-        bound between tries. The body is read here (a reset in the middle of it is retried) unless `passthrough`."""
+    async def _retrying(self, budget: AttemptBudget, attempt: Callable[[], Awaitable[T]]) -> T:
+        """`attempt()` until it succeeds or fails for good, or the budget is spent; a random wait below a doubling
+        bound between tries. Connection errors, resets (before or in the middle of a body) and `_Retryable` are
+        tried again; a timeout is not (a generation that slow is not sped up by a second one)."""
         tries = 0
         while True:
             budget.used += 1
             tries += 1
             try:
-                resp = await self.session.request(method, url, data=data, headers=headers)
-                try:
-                    if resp.status in RETRYABLE_STATUSES and not (passthrough and resp.status == 429):
-                        text = (await resp.read()).decode(errors="replace")
-                        raise _Retryable(f"answered {resp.status}: {text[:_ERROR_TEXT_KEPT]}")
-                    if not passthrough:
-                        raw = await resp.read()
-                        if resp.status >= 400:
-                            raise _client_error(resp.status, raw)
-                except BaseException:
-                    resp.release()
-                    raise
-                return resp
-            except (_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
+                return await attempt()
+            except (_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, HttpError):
                 if budget.spent:
                     raise
             bound = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (tries - 1))
             await asyncio.sleep(random.uniform(0, bound))
+
+    async def _fetch_once(self, method: str, path: str, data: bytes | None) -> bytes:
+        if self._pool is not None:
+            status, raw = await self._pool.request(method.encode("ascii"), path, data, self._json_headers,
+                                                   timeout_s=self.config.request_timeout_s)
+        else:
+            async with self.session.request(method, self.config.root + path, data=data,
+                                            headers=self._json_headers) as resp:
+                status, raw = resp.status, await resp.read()  # read here: a reset in the middle is retried
+        if status in RETRYABLE_STATUSES:
+            raise _Retryable(f"answered {status}: {raw.decode(errors='replace')[:_ERROR_TEXT_KEPT]}")
+        if status >= 400:
+            raise _client_error(status, raw)
+        return raw
+
+    async def _relay_once(self, method: str, url: str, data: bytes | None, headers: dict[str, str] | None
+                          ) -> aiohttp.ClientResponse:
+        resp = await self.session.request(method, url, data=data, headers=headers or self._json_headers)
+        if resp.status in RETRYABLE_STATUSES and resp.status != 429:
+            try:
+                text = (await resp.read()).decode(errors="replace")
+            finally:
+                resp.release()
+            raise _Retryable(f"answered {resp.status}: {text[:_ERROR_TEXT_KEPT]}")
+        return resp
 
     async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget, prompt_json: bytes | None = None) -> object:
         """POST `payload` (with `prompt_json`, when given, as its `prompt`: bytes already serialised)."""
         data = orjson.dumps(payload)
         if prompt_json is not None:
             data = b'{"prompt":' + prompt_json + (b"," + data[1:] if len(data) > 2 else b"}")
-        async with self._send("POST", path, data=data, budget=budget) as resp:
-            raw = await resp.read()  # already read inside the retried block: this returns it
+        raw = await self._fetch("POST", path, data, budget=budget)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -196,8 +232,7 @@ class UpstreamClient:
     # ----------------------------------------------------------------------------------------- calls
 
     async def models(self) -> list[dict]:
-        async with self._send("GET", "/v1/models", data=None, budget=self.new_budget()) as resp:
-            raw = await resp.read()
+        raw = await self._fetch("GET", "/v1/models", None, budget=self.new_budget())
         try:
             data = orjson.loads(raw)["data"]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
@@ -250,9 +285,7 @@ class UpstreamClient:
         Failing statuses are retried; once the upstream has answered otherwise, its answer is the agent's.
         `extra_headers` and `key_header` are a dialect's (Anthropic's version header and `x-api-key`)."""
         headers = self._headers(extra_headers, key_header=key_header)
-        async with self._send(
-            "POST", path, data=body, budget=budget or self.new_budget(), passthrough=True, headers=headers
-        ) as resp:
+        async with self._send("POST", path, data=body, budget=budget or self.new_budget(), headers=headers) as resp:
             yield resp
 
 
