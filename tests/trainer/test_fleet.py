@@ -120,7 +120,9 @@ async def test_grpo_steps_train_on_groups_from_the_fleet_and_go_on_when_a_node_i
     await killer
     assert len(result.reward_per_step) == 3 and result.engine_weight_version >= 4  # the run went on to the end
     records = list(read_records(config.out / "rollouts.jsonl"))
-    assert all(r.reward is None and r.failure.cause == "node_lost" for r in records if r.status == "failed")
+    failed = [(r.status, r.failure.cause, r.failure.message, r.reward) for r in records if r.status != "ok"]
+    assert all(cause == "node_lost" and reward is None for status, cause, _, reward in failed if status == "failed"), \
+        failed  # the records say why, should a node's own rollout ever fail here
     assert sum(r.status == "ok" for r in records) >= 12  # three steps' groups, finished and kept
     versions = [t.policy_version for r in records if r.status == "ok" for s in r.samples for t in s.turns]
     assert versions and max(versions) >= 2  # the nodes' gates followed the weight syncs
