@@ -212,4 +212,6 @@ def _decoded(payload: bytes, coding: bytes) -> bytes:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, asyncio.IncompleteReadError):
         return f"the connection closed after {len(exc.partial)} of the answer's bytes"
+    if isinstance(exc, asyncio.LimitOverrunError):
+        return f"an answer whose head (status line and headers) or chunk-size line is over {_MAX_HEAD} bytes"
     return f"{type(exc).__name__}: {exc}"

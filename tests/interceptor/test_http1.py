@@ -151,6 +151,7 @@ async def test_no_more_connections_than_the_limit_are_open_at_once():
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "ValueError"),
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\nab", "unsupported content-encoding"),
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\nab", "does not inflate"),
+    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"y" * 70_000 + b"\r\n\r\n", "is over 65536 bytes"),
 ])
 async def test_an_answer_that_is_not_readable_http_is_an_http_error_that_says_why(answer, says):
     async def send(reader, writer):
@@ -161,6 +162,16 @@ async def test_an_answer_that_is_not_readable_http_is_an_http_error_that_says_wh
     async with server, Http1Pool(url, limit=4, connect_timeout_s=5) as pool:
         with pytest.raises(HttpError, match=says):
             await pool.request(b"GET", "/", None, {}, timeout_s=10)
+
+
+async def test_an_interim_1xx_answer_is_skipped_for_the_final_one():
+    async def send(reader, writer):
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone")
+        await writer.drain()
+
+    server, url = await raw_server(send)
+    async with server, Http1Pool(url, limit=4, connect_timeout_s=5) as pool:
+        assert await pool.request(b"POST", "/", b"{}", JSON, timeout_s=10) == (201, b"done")
 
 
 async def test_a_body_that_runs_to_the_close_is_read_whole_and_the_connection_is_not_reused():
