@@ -9,7 +9,9 @@ records to `out/nodes/<node>/rollouts.jsonl` on that node, and the driver writes
 `out/rollouts.jsonl`. A group goes to the live node with the fewest groups in flight (at most
 `groups_per_node`). A node that dies (or whose actor stops answering) is dropped: the rollouts of its groups in
 flight are recorded as infrastructure failures (cause `node_lost`, no reward, never trained on) and each such
-group is dispatched again to a live node, so nothing finished is lost and nothing is scored twice.
+group is dispatched again to a live node, so nothing finished is lost and nothing is scored twice. A group that
+finishes after its node's raylet died is lost the same way (`NodeLeaving`): Ray ends a worker's child processes as
+the worker exits, so its agents' failures then are the node's end, not theirs.
 
 The fleet quacks as the runner and the gate the rollout worker and the weight transfer expect: `run_group`,
 `server.policy.version`, `pause()` and `resume(policy_version=)` (every node's gate, so one version counter holds
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,13 +36,18 @@ from interceptor.records import Failure, RolloutRecord
 
 from .policy_stack import PolicyStack, StackConfig
 
-__all__ = ["Fleet", "FleetConfig", "NodeLost"]
+__all__ = ["Fleet", "FleetConfig", "NodeLeaving", "NodeLost"]
 
 log = logging.getLogger("trainer.fleet")
 
 
 class NodeLost(RuntimeError):
     """Every node of the fleet is gone."""
+
+
+class NodeLeaving(RuntimeError):
+    """A node's raylet died while one of its groups ran. The worker lives on a moment (Ray ends its child processes
+    as it exits, the agents among them), so what that group's rollouts report is the node's end, not theirs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +66,7 @@ class _NodeHost:
 
     def __init__(self) -> None:
         self._stack: PolicyStack | None = None
+        self._raylet = os.getppid()  # the node's raylet started this worker: another parent means it is gone
 
     async def start(self, stack: StackConfig, runner: RunnerConfig) -> str:
         import ray
@@ -67,7 +76,13 @@ class _NodeHost:
 
     async def run_group(self, task: Task, n: int, metadata: dict) -> list[bytes]:
         records = await self._stack.runner.run_group(task, n=n, metadata=metadata)
+        self.check_raylet()
         return [record.to_json() for record in records]
+
+    def check_raylet(self) -> None:
+        """Raise `NodeLeaving` when this node's raylet is gone (this worker has been re-parented)."""
+        if os.getppid() != self._raylet:
+            raise NodeLeaving(f"the raylet of this node (pid {self._raylet}) is gone")
 
     async def pause(self) -> None:
         await self._stack.server.pause()
@@ -173,7 +188,7 @@ class Fleet:
             except asyncio.CancelledError:
                 ray.cancel(ref)  # the worker stopped the group (stale): the node ends its agents
                 raise
-            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+            except (ActorDiedError, ActorUnavailableError, RayActorError, NodeLeaving) as exc:
                 self._lost(node, exc)
                 self._write([self._lost_record(task, i, metadata, node) for i in range(n)])
                 continue

@@ -97,6 +97,41 @@ async def test_a_node_lost_mid_run_fails_its_rollouts_as_infrastructure_and_its_
     assert sum(r.status == "ok" for r in everything) == 4
 
 
+def test_a_node_host_knows_its_raylet_is_gone_once_it_is_re_parented(tmp_path):
+    """What a node's worker checks before it hands back a group: a real process tree, the stand-in for the raylet
+    killed, the worker re-parented (as when Ray's raylet dies and the worker lives on a moment)."""
+    import signal
+    import subprocess
+
+    child = (
+        "import sys, time\n"
+        "from trainer.fleet import NodeLeaving, _NodeHost\n"
+        "host = _NodeHost()\n"
+        "host.check_raylet()\n"
+        "print('alive', flush=True)\n"
+        "for _ in range(600):\n"
+        "    try:\n"
+        "        host.check_raylet()\n"
+        "    except NodeLeaving as exc:\n"
+        "        print('leaving:', exc, flush=True)\n"
+        "        break\n"
+        "    time.sleep(0.05)\n"
+    )
+    raylet = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1]]); "
+         "time.sleep(600)", child],
+        stdout=subprocess.PIPE, text=True, cwd=HERE.parents[1],
+    )
+    try:
+        assert raylet.stdout.readline().strip() == "alive"  # its parent is there: no error
+        raylet.send_signal(signal.SIGKILL)
+        raylet.wait()
+        said = raylet.stdout.readline()  # the worker still writes to the pipe it inherited
+    finally:
+        raylet.kill()
+    assert said.startswith("leaving: the raylet of this node (pid ") and said.rstrip().endswith("is gone")
+
+
 async def test_grpo_steps_train_on_groups_from_the_fleet_and_go_on_when_a_node_is_lost(cluster, tiny_model_dir,
                                                                                        tmp_path):
     from trainer.train_main import TrainConfig, train
