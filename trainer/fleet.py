@@ -47,7 +47,8 @@ class NodeLost(RuntimeError):
 
 class NodeLeaving(RuntimeError):
     """A node's raylet died while one of its groups ran. The worker lives on a moment (Ray ends its child processes
-    as it exits, the agents among them), so what that group's rollouts report is the node's end, not theirs."""
+    as it exits, the agents' launchers among them), so what that group's rollouts report is the node's end, not
+    theirs."""
 
 
 @dataclass(frozen=True, kw_only=True)
