@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 __all__ = ["Http1Pool", "HttpError", "lean_client_serves"]
 
 _MAX_HEAD = 64 * 1024  # bytes of status line and headers; an answer with more is refused
+_JOINED_BODY_MAX = 16 * 1024  # a body up to this size goes out in one piece with the head (one send, not two)
 
 
 class HttpError(Exception):
@@ -119,8 +120,9 @@ class Http1Pool:
         keep = False
         try:
             writer = connection.writer
-            writer.write(head + body if body is not None and len(body) < 16384 else head)
-            if body is not None and len(body) >= 16384:
+            joined = body is not None and len(body) <= _JOINED_BODY_MAX
+            writer.write(head + body if joined else head)
+            if body is not None and not joined:
                 writer.write(body)
             await writer.drain()
             status, fields = await _read_head(connection.reader)
