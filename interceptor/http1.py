@@ -127,9 +127,9 @@ class Http1Pool:
             await writer.drain()
             status, fields = await _read_head(connection.reader)
             payload, keep = await _read_body(connection.reader, status, fields)
+        except TimeoutError:  # an OSError by inheritance, but a time limit: never retried
+            raise
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            if isinstance(exc, TimeoutError):
-                raise
             raise HttpError(_describe(exc)) from exc
         finally:
             if keep and not self._closed:
