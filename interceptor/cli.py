@@ -127,6 +127,11 @@ def _register_own(commands: CommandRegistry) -> None:
                             "policy, each rollout pinned to one")
     serve.add_argument("--model", help="the model directory (tokenizer and chat template); interception_gate")
     serve.add_argument("--mode", choices=("interception_gate", "black_box"), default="interception_gate")
+    serve.add_argument(
+        "--no-tiktoken-twin", dest="tiktoken_twin", action="store_false",
+        help="encode with the model's tokenizer only; by default ASCII text is encoded by tiktoken where that gives "
+        "the same ids (checked when the tokenizer loads, and audited while serving)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
     serve.add_argument(

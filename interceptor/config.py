@@ -96,6 +96,7 @@ class ServerConfig:
     model_dir: Path | None = None  # tokenizer + chat template (interception_gate)
     chat_template: str | None = None
     training_template: bool = False  # TRL's prefix-preserving variant of the model's template
+    tiktoken_twin: bool = True  # ASCII text encoded by tiktoken where it gives the tokenizer's ids (bpe_twin.py)
     host: str = "127.0.0.1"
     port: int = 0
     public_host: str | None = None  # the host agents use in their base URL, when not `host`

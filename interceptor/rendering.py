@@ -35,6 +35,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from .bpe_twin import build_twin
 from .chunk_ids import ChunkIds
 from .errors import BadRequest, ConfigError
 from .templates import training_template_for
@@ -62,6 +63,7 @@ class RendererConfig:
     model_dir: Path
     chat_template: str | None = None  # overrides the model's template (text, not a path)
     training_template: bool = False  # use TRL's prefix-preserving variant of the model's template when known
+    tiktoken_twin: bool = True  # encode ASCII text with tiktoken where it gives the tokenizer's ids (bpe_twin.py)
 
     def __post_init__(self) -> None:
         if not Path(self.model_dir).is_dir():
@@ -98,6 +100,10 @@ class Renderer:
         rust = self._rust
         self._encode_fast = getattr(rust, "encode_batch_fast", None) or getattr(rust, "encode_batch", None)
         self._chunks = ChunkIds()
+        self.twin, self.twin_absent_because = (
+            build_twin(tokenizer, config.model_dir) if config.tiktoken_twin and rust is not None
+            else (None, "not asked for" if rust is not None else "the tokenizer is not a fast (Rust) tokenizer")
+        )
 
     def single_token_id(self, text: str) -> int | None:
         """The id of `text` when the tokenizer encodes it as one token, else None."""
@@ -143,6 +149,8 @@ class Renderer:
         if rust is None:
             return self.tokenizer.encode(text, add_special_tokens=False)
         if len(text) <= _LONG_TEXT_CHARS:
+            if self.twin is not None and (ids := self.twin.encode(text)) is not None:
+                return ids
             return self._encode_batch([text])[0]
         # One batch call releases the GIL and encodes the chunks on the tokenizer's threads; cut right after a
         # special token, the chunks give the ids the whole text gives (special tokens are split off before BPE).
@@ -151,9 +159,15 @@ class Renderer:
         return self._chunks.encode(chunks, self._encode_batch)
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Ids of each text, without offsets (`encode_batch_fast`: the same ids, a third less work for a short
-        text), on the tokenizer's threads without the GIL."""
-        return [e.ids for e in self._encode_fast(texts, add_special_tokens=False)]
+        """Ids of each text: the twin's where it answers (ASCII), the others without offsets (`encode_batch_fast`:
+        the same ids, a third less work for a short text) in one call on the tokenizer's threads without the GIL."""
+        twin = self.twin
+        out: list[list[int] | None] = [twin.encode(t) for t in texts] if twin is not None else [None] * len(texts)
+        rest = [i for i, ids in enumerate(out) if ids is None]
+        if rest:
+            for i, encoding in zip(rest, self._encode_fast([texts[i] for i in rest], add_special_tokens=False)):
+                out[i] = encoding.ids
+        return out  # type: ignore[return-value]
 
     def render_full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, generation_prompt=True))

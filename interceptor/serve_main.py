@@ -36,6 +36,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ),
         mode=args.mode,
         model_dir=Path(args.model) if args.model else None,
+        tiktoken_twin=args.tiktoken_twin,
         host=args.host,
         port=args.port,
         admin_token=admin_token,

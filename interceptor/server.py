@@ -44,6 +44,7 @@ from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .relay import relay_turn
 from .relay_dialects import relay_shape_for
+from .bpe_twin import AUDIT_EVERY
 from .rendering import Renderer, RendererConfig
 from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
@@ -181,8 +182,13 @@ class InterceptionServer:
                 model_dir=self.config.model_dir,
                 chat_template=self.config.chat_template,
                 training_template=self.config.training_template,
+                tiktoken_twin=self.config.tiktoken_twin,
             ),
         )
+        if renderer.twin is not None:
+            log.info("ASCII text is encoded by the tokenizer's tiktoken twin (audited, 1 in %d)", AUDIT_EVERY)
+        else:
+            log.info("the tokenizer encodes all text (no tiktoken twin: %s)", renderer.twin_absent_because)
         upstream_model = self.config.upstream.model
         max_model_len = self.config.max_model_len
         if upstream_model is None or max_model_len is None:
