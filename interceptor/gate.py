@@ -23,6 +23,7 @@ from .protocol import ChatRequest
 from .replies import assistant_message, finish_reason_for, new_tool_call_id, token_logprobs
 from .records import Generation
 from .rendering import Renderer
+from .trace_log import Spot
 from .rollouts import Rollout, TurnResult, TurnTrace
 from .shared_renders import SharedRenders
 from .trajectory import TurnPlan
@@ -35,7 +36,7 @@ __all__ = ["HEAVY_REQUEST_BYTES", "PARSE_OFF_LOOP_BYTES", "Policy", "run_turn"]
 HEAVY_REQUEST_BYTES = 16 * 1024
 PARSE_OFF_LOOP_BYTES = 1024 * 1024
 
-JournalTurn = Callable[[Rollout, dict, dict], None]  # (rollout, branch delta, trace entry)
+JournalTurn = Callable[[Rollout, dict, dict], Spot]  # (rollout, branch delta, trace entry) -> where its line lies
 
 
 @dataclass(eq=False, kw_only=True)
@@ -223,11 +224,11 @@ def _record(
     entry = rollout.scrub(
         {"new_messages": request.messages[known:], "response": message, "finish_reason": finish_reason}
     )
-    rollout.trace.append(TurnTrace(**entry))
+    index = rollout.trace.append(TurnTrace(**entry))
     rollout.prompt_tokens += plan.prompt_len
     rollout.completion_tokens += len(generation.token_ids)
-    if policy.journal_turn is not None:
-        policy.journal_turn(rollout, delta, entry)
+    if policy.journal_turn is not None:  # the journal holds the entry now: keep only where it lies
+        rollout.trace.spill(index, policy.journal_turn(rollout, delta, entry))
     logprobs = None
     if request.logprobs:
         tokens = [policy.renderer.decode_one(t) for t in generation.token_ids]

@@ -25,13 +25,18 @@ from pathlib import Path
 import orjson
 
 from .records import Failure, RolloutRecord, TurnRecord
+from .trace_log import Spot
 from .trajectory import BranchRecord, build_samples
 
-__all__ = ["Journal", "recover_journal", "journal_segments"]
+__all__ = ["Journal", "JournalError", "recover_journal", "journal_segments"]
 
 log = logging.getLogger("interceptor.journal")
 
 _SEGMENT_BYTES = 64 * 1024 * 1024  # a segment is closed past this size, and deleted when its rollouts finished
+
+
+class JournalError(Exception):
+    """A journal line is not where the rollout's trace says it is (the journal was changed under the server)."""
 
 
 def journal_segments(record_path: Path) -> list[Path]:
@@ -62,8 +67,9 @@ class Journal:
         self._size = 0
         self._live_in[self._number] = set()
 
-    def _write(self, rollout_id: str, event: dict) -> None:
+    def _write(self, rollout_id: str, event: dict) -> Spot:
         line = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        spot = (self._number, self._size, len(line))
         os.write(self._fd, line)
         self._size += len(line)
         self._live_in[self._number].add(rollout_id)
@@ -71,23 +77,49 @@ class Journal:
             os.close(self._fd)
             self._open_segment()
             self._drop_finished_segments()
+        return spot
 
     def opened(self, *, rollout_id: str, mode: str, metadata: dict, started_at: float) -> None:
         self._write(rollout_id, {"e": "open", "id": rollout_id, "mode": mode, "metadata": metadata,
                                  "started_at": started_at})
 
-    def turn(self, rollout_id: str, *, branch: dict, trace: dict, usage: tuple[int, int]) -> None:
-        self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": branch, "trace": trace, "usage": usage})
+    def turn(self, rollout_id: str, *, branch: dict, trace: dict, usage: tuple[int, int]) -> Spot:
+        """A committed gate turn; where its line lies, to read its trace entry back (`traces`)."""
+        return self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": branch, "trace": trace,
+                                        "usage": usage})
 
-    def trace(self, rollout_id: str, *, trace: dict, usage: tuple[int, int]) -> None:
+    def trace(self, rollout_id: str, *, trace: dict, usage: tuple[int, int]) -> Spot:
         """A black_box call: its trace entry only."""
-        self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": None, "trace": trace, "usage": usage})
+        return self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": None, "trace": trace, "usage": usage})
+
+    def traces(self, rollout_id: str, spots: list[Spot]) -> list[dict]:
+        """The trace entries of `rollout_id`'s turn lines at `spots` (before it finished: its segments are kept)."""
+        out: list[dict] = []
+        fds: dict[int, int] = {}
+        try:
+            for number, offset, length in spots:
+                try:
+                    if number not in fds:
+                        fds[number] = os.open(self._segment_path(number), os.O_RDONLY)
+                    line = os.pread(fds[number], length, offset)
+                    event = orjson.loads(line) if len(line) == length else None
+                except (OSError, orjson.JSONDecodeError) as exc:
+                    raise JournalError(f"journal segment {number}: {exc}") from exc
+                if not isinstance(event, dict) or event.get("id") != rollout_id or event.get("e") != "turn":
+                    raise JournalError(f"journal segment {number} holds no turn of rollout {rollout_id} at {offset}")
+                out.append(event["trace"])
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        return out
 
     def answered(self, rollout_id: str, answer: object) -> None:
         self._write(rollout_id, {"e": "answer", "id": rollout_id, "answer": answer})
 
     def finished(self, rollout_id: str) -> None:
-        os.write(self._fd, orjson.dumps({"e": "finish", "id": rollout_id}) + b"\n")
+        line = orjson.dumps({"e": "finish", "id": rollout_id}) + b"\n"
+        os.write(self._fd, line)
+        self._size += len(line)  # the offsets of the lines after it (`traces` reads at them)
         for live in self._live_in.values():
             live.discard(rollout_id)
         self._drop_finished_segments()

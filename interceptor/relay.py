@@ -80,15 +80,16 @@ async def relay_turn(
     known = _known_messages(rollout.last_messages, chat.messages)
     rollout.last_messages = chat.messages
     entry: dict = rollout.scrub({"new_messages": chat.messages[known:], "known_messages": known})
-    rollout.trace.append(entry)
+    index = rollout.trace.append(entry)
     try:
         return await _relay(request, upstream, rollout, data, chat, entry, shape)
     except UpstreamError as exc:
         _failed(rollout, exc.status, exc.message)
         raise
     finally:
-        if journal is not None:
-            journal.trace(rollout.id, trace=entry, usage=(rollout.prompt_tokens, rollout.completion_tokens))
+        if journal is not None:  # the entry is complete: the journal holds it, keep only where it lies
+            usage = (rollout.prompt_tokens, rollout.completion_tokens)
+            rollout.trace.spill(index, journal.trace(rollout.id, trace=entry, usage=usage))
 
 
 async def _relay(

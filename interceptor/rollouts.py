@@ -22,6 +22,7 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .body_cache import BodyCache
@@ -29,6 +30,7 @@ from .config import SamplingSettings
 from .errors import Conflict, NotFound, Unauthorized
 from .protocol import same_json
 from .records import Failure, RolloutRecord, RolloutStatus
+from .trace_log import Spot, TraceLog
 from .trajectory import Trajectory
 from .upstream import AttemptBudget
 
@@ -84,6 +86,10 @@ class Attempts:
         return not future.done() or not self.delivered or sdk_retry
 
 
+def _entry_dict(entry: object) -> dict:
+    return entry.as_dict() if isinstance(entry, TurnTrace) else entry  # type: ignore[return-value]
+
+
 def _scrub(value: object, secrets_: tuple[str, ...]) -> object:
     """`value` with the secrets replaced; the very same object when it holds none (copied only where it changes),
     so a trace shares its messages with the trajectory instead of holding them twice."""
@@ -114,7 +120,7 @@ class Rollout:
     status: RolloutStatus = "running"
     answer: object = None
     answered: bool = False
-    trace: list[dict | TurnTrace] = field(default_factory=list)  # dicts in black_box mode
+    trace: TraceLog = field(default_factory=TraceLog)  # TurnTrace entries, dicts in black_box mode
     events: list[dict] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -157,11 +163,9 @@ class Rollout:
         the trace and the record it becomes are the same JSON."""
         if echo is returned or not same_json(echo, returned):
             return
-        trace = self.trace
-        for i in range(len(trace) - 1, max(len(trace) - 1 - _ECHO_SEARCHED, -1), -1):
-            entry = trace[i]
+        for index, entry in self.trace.held_from_last(_ECHO_SEARCHED):
             if isinstance(entry, TurnTrace) and entry.response is returned:
-                trace[i] = replace(entry, response=echo)
+                self.trace.replace(index, replace(entry, response=echo))
                 return
 
     def scrub(self, value: object) -> object:
@@ -191,13 +195,21 @@ class Rollout:
     def note(self, kind: str, **details) -> None:
         self.events.append({"kind": kind, "at": round(time.time(), 3), **details})
 
-    def to_record(self, *, status: RolloutStatus, failure: Failure | None, reward: float | None) -> RolloutRecord:
+    def to_record(
+        self,
+        *,
+        status: RolloutStatus,
+        failure: Failure | None,
+        reward: float | None,
+        read_traces: Callable[[list[Spot]], list[dict]] | None = None,
+    ) -> RolloutRecord:
+        """The record; `read_traces` reads the trace entries spilled to the journal back."""
         return RolloutRecord(
             rollout_id=self.id,
             mode=self.mode,
             status=status,
             samples=self.trajectory.samples() if self.trajectory else [],
-            trace=[e.as_dict() if isinstance(e, TurnTrace) else e for e in self.trace],
+            trace=self.trace.entries(read_traces, _entry_dict),
             usage={
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

@@ -39,6 +39,7 @@ from .errors import BadRequest, ConfigError, Conflict, NotFound, errors_middlewa
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
 from .incoming import read_request, unseen_part
 from .journal import Journal, journal_segments, recover_journal
+from .trace_log import Spot
 from .protocol import ensure_serialisable, parse_json_body
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
@@ -113,7 +114,8 @@ class InterceptionServer:
             await self._open_records(self.config.record_path)
         if self.config.mode == "interception_gate":
             self.policy = await self._load_policy()
-            self.policy.journal_turn = self._journal_turn
+            if self._journal is not None:
+                self.policy.journal_turn = self._journal_turn
             self.policy.observe_turn = self.metrics.observe_turn
         app = web.Application(middlewares=[errors_middleware_for(error_for)], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
@@ -170,10 +172,9 @@ class InterceptionServer:
                 complete = False
         self._journal.close(remove=complete)
 
-    def _journal_turn(self, rollout: Rollout, delta: dict, entry: dict) -> None:
-        if self._journal is not None:
-            self._journal.turn(rollout.id, branch=delta, trace=entry,
-                               usage=(rollout.prompt_tokens, rollout.completion_tokens))
+    def _journal_turn(self, rollout: Rollout, delta: dict, entry: dict) -> Spot:
+        return self._journal.turn(rollout.id, branch=delta, trace=entry,
+                                  usage=(rollout.prompt_tokens, rollout.completion_tokens))
 
     async def _load_policy(self) -> Policy:
         renderer = await asyncio.to_thread(
@@ -279,7 +280,10 @@ class InterceptionServer:
                     status, failure = "failed", fault
             if status != "ok" and failure is None:
                 failure = Failure(cause=status, message=f"rollout ended as {status}")
-            record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None)
+            journal = self._journal
+            read_traces = functools.partial(journal.traces, rollout.id) if journal is not None else None
+            record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None,
+                                       read_traces=read_traces)
             if self._recorder is not None:
                 await self._recorder.write(record)
         except BaseException:
