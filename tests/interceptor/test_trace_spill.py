@@ -6,53 +6,20 @@ import re
 
 import orjson
 import pytest
-from aiohttp import web
+from transformers import AutoTokenizer
 from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.journal import Journal, JournalError
+from tests.faults.upstream import FaultUpstream, Reply
 from tests.fakes import ScriptedUpstream
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo
 
 
-class _ChatUpstream:
-    """An OpenAI-compatible upstream that answers every chat call with a tool call (black_box relays to it)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self._runner: web.AppRunner | None = None
-
-    async def __aenter__(self) -> _ChatUpstream:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self._runner.cleanup()
-
-    def script(self, text: str) -> None:
-        pass  # every answer is a call of its own
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        self.calls += 1
-        call = {"id": f"call_{self.calls}", "type": "function",
-                "function": {"name": "bash", "arguments": orjson.dumps({"cmd": f"ls {self.calls}"}).decode()}}
-        return web.json_response({
-            "id": f"chatcmpl-{self.calls}", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                         "finish_reason": "tool_calls"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        })
-
-
 async def _tool_loop(model_dir, record_path, *, mode: str = "interception_gate"):
     """Four tool-loop turns and a finish; the record, and how many entries the rollout held just before it."""
-    upstream_cm = ScriptedUpstream(model_dir) if mode == "interception_gate" else _ChatUpstream()
+    gate = mode == "interception_gate"
+    upstream_cm = ScriptedUpstream(model_dir) if gate else FaultUpstream(AutoTokenizer.from_pretrained(model_dir))
     async with upstream_cm as upstream:
         config = ServerConfig(upstream=UpstreamConfig(base_url=upstream.url), model_dir=model_dir, mode=mode,
                               record_path=record_path)
@@ -61,11 +28,14 @@ async def _tool_loop(model_dir, record_path, *, mode: str = "interception_gate")
             messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "task"}]
             async with AsyncOpenAI(base_url=handle.base_url, api_key=handle.secret, max_retries=0) as client:
                 for step in range(4):
-                    upstream.script(call_text(f"ls {step}"))
+                    upstream.script(call_text(f"ls {step}") if gate else Reply(text=f"answer {step}"))
                     response = await client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
                     messages.append(echo(response.choices[0].message))
-                    call_id = response.choices[0].message.tool_calls[0].id
-                    messages.append({"role": "tool", "tool_call_id": call_id, "content": f"out {step}"})
+                    if gate:  # the policy's answer is a tool call; the relayed upstream answers in text
+                        call_id = response.choices[0].message.tool_calls[0].id
+                        messages.append({"role": "tool", "tool_call_id": call_id, "content": f"out {step}"})
+                    else:
+                        messages.append({"role": "user", "content": f"out {step}"})
             rollout = server.registry.get(handle.id)
             held = len(list(rollout.trace.held_from_last(len(rollout.trace))))
             turns = len(rollout.trace)
