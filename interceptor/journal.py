@@ -35,6 +35,10 @@ log = logging.getLogger("interceptor.journal")
 _SEGMENT_BYTES = 64 * 1024 * 1024  # a segment is closed past this size, and deleted when its rollouts finished
 
 
+def _turn_head(rollout_id: str) -> bytes:
+    return b'{"e":"turn","id":' + orjson.dumps(rollout_id) + b',"trace":'
+
+
 class JournalError(Exception):
     """A journal line is not where the rollout's trace says it is (the journal was changed under the server)."""
 
@@ -67,33 +71,46 @@ class Journal:
         self._size = 0
         self._live_in[self._number] = set()
 
-    def _write(self, rollout_id: str, event: dict) -> Spot:
-        line = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-        spot = (self._number, self._size, len(line))
+    def _write(self, rollout_id: str, event: dict) -> None:
+        self._append(rollout_id, orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+    def _append(self, rollout_id: str, line: bytes) -> int:
+        """Write `line` whole; the offset in the current segment where it starts."""
+        offset = self._size
         os.write(self._fd, line)
         self._size += len(line)
         self._live_in[self._number].add(rollout_id)
+        return offset
+
+    def _rotate_if_full(self) -> None:
         if self._size > self._segment_bytes:
             os.close(self._fd)
             self._open_segment()
             self._drop_finished_segments()
-        return spot
 
     def opened(self, *, rollout_id: str, mode: str, metadata: dict, started_at: float) -> None:
         self._write(rollout_id, {"e": "open", "id": rollout_id, "mode": mode, "metadata": metadata,
                                  "started_at": started_at})
+        self._rotate_if_full()
 
-    def turn(self, rollout_id: str, *, branch: dict, trace: dict, usage: tuple[int, int]) -> Spot:
-        """A committed gate turn; where its line lies, to read its trace entry back (`traces`)."""
-        return self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": branch, "trace": trace,
-                                        "usage": usage})
+    def turn(self, rollout_id: str, *, branch: dict | None, trace: dict, usage: tuple[int, int]) -> Spot:
+        """A committed turn (`branch` None: a black_box call, its trace entry only); where its trace entry lies,
+        to read it back (`traces`). The entry comes right after the rollout's id, so it is read without the rest."""
+        head = _turn_head(rollout_id)
+        entry = orjson.dumps(trace, option=orjson.OPT_SERIALIZE_NUMPY)
+        rest = orjson.dumps({"branch": branch, "usage": usage}, option=orjson.OPT_SERIALIZE_NUMPY)
+        offset = self._append(rollout_id, b"".join((head, entry, b",", rest[1:], b"\n")))
+        spot = (self._number, offset + len(head), len(entry))
+        self._rotate_if_full()
+        return spot
 
     def trace(self, rollout_id: str, *, trace: dict, usage: tuple[int, int]) -> Spot:
         """A black_box call: its trace entry only."""
-        return self._write(rollout_id, {"e": "turn", "id": rollout_id, "branch": None, "trace": trace, "usage": usage})
+        return self.turn(rollout_id, branch=None, trace=trace, usage=usage)
 
     def traces(self, rollout_id: str, spots: list[Spot]) -> list[dict]:
-        """The trace entries of `rollout_id`'s turn lines at `spots` (before it finished: its segments are kept)."""
+        """The trace entries of `rollout_id`'s turns at `spots` (before it finished: its segments are kept)."""
+        head = _turn_head(rollout_id)
         out: list[dict] = []
         fds: dict[int, int] = {}
         try:
@@ -101,13 +118,13 @@ class Journal:
                 try:
                     if number not in fds:
                         fds[number] = os.open(self._segment_path(number), os.O_RDONLY)
-                    line = os.pread(fds[number], length, offset)
-                    event = orjson.loads(line) if len(line) == length else None
+                    data = os.pread(fds[number], len(head) + length, offset - len(head))
+                    entry = orjson.loads(data[len(head):]) if data.startswith(head) else None
                 except (OSError, orjson.JSONDecodeError) as exc:
                     raise JournalError(f"journal segment {number}: {exc}") from exc
-                if not isinstance(event, dict) or event.get("id") != rollout_id or event.get("e") != "turn":
+                if not isinstance(entry, dict):
                     raise JournalError(f"journal segment {number} holds no turn of rollout {rollout_id} at {offset}")
-                out.append(event["trace"])
+                out.append(entry)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -115,6 +132,7 @@ class Journal:
 
     def answered(self, rollout_id: str, answer: object) -> None:
         self._write(rollout_id, {"e": "answer", "id": rollout_id, "answer": answer})
+        self._rotate_if_full()
 
     def finished(self, rollout_id: str) -> None:
         line = orjson.dumps({"e": "finish", "id": rollout_id}) + b"\n"

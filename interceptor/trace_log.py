@@ -4,7 +4,8 @@ A turn's trace entry (the messages new to the call, the answer, the finish reaso
 line anyway (`journal.py`), so once that line is written the rollout keeps only where it lies: the segment, offset
 and length, 24 bytes in an array, where a held entry costs a slotted object and its message list (~130 bytes a
 turn; the message texts themselves are the trajectory's). The record's trace is read back from the journal when the
-rollout finishes, before the journal lets its segments go. Without a journal (no record file) entries stay held.
+rollout finishes, before the journal lets its segments go: only each entry's bytes, which a turn line puts right
+after the rollout's id (`Journal.turn`). Without a journal (no record file) entries stay held.
 
 In black_box mode an entry is filled in while the call is relayed and spilled once its line is written.
 """

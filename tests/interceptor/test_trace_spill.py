@@ -81,6 +81,9 @@ def test_a_trace_that_is_not_where_the_rollout_says_is_a_journal_error(tmp_path)
     number, offset, length = journal.trace("a", trace={"n": 0}, usage=(0, 0))
     with pytest.raises(JournalError, match="no turn of rollout b"):
         journal.traces("b", [(number, offset, length)])
-    with pytest.raises(JournalError, match="journal segment"):
+    with pytest.raises(JournalError, match="no turn of rollout a"):
         journal.traces("a", [(number, offset + 1, length)])
+    (tmp_path / "rollouts.jsonl.journal.000001").unlink()
+    with pytest.raises(JournalError, match="No such file"):
+        journal.traces("a", [(number, offset, length)])
     journal.close(remove=True)
