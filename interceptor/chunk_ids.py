@@ -24,7 +24,7 @@ __all__ = ["ChunkIds"]
 class ChunkIds:
     def __init__(self, *, max_ids: int = 2_000_000, min_chars: int = 2048) -> None:
         self._max_ids = max_ids
-        self._min_chars = min_chars
+        self.min_chars = min_chars  # shorter chunks are encoded each time
         self._kept: OrderedDict[bytes, array] = OrderedDict()
         self._kept_ids = 0
         self._lock = threading.Lock()
@@ -33,7 +33,7 @@ class ChunkIds:
 
     def encode(self, chunks: Sequence[str], encode_batch: Callable[[list[str]], list[list[int]]]) -> list[int]:
         """The ids of the concatenation of `chunks`; `encode_batch` encodes the ones not kept."""
-        keys = [digest(c.encode("utf-8", "surrogatepass")) if len(c) >= self._min_chars else None for c in chunks]
+        keys = [digest(c.encode("utf-8", "surrogatepass")) if len(c) >= self.min_chars else None for c in chunks]
         found: list[array | None] = [None] * len(chunks)
         with self._lock:
             for i, key in enumerate(keys):

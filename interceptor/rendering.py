@@ -8,8 +8,10 @@ Two ways to render:
   depend on how long the conversation already is.
 
 Text is split at special tokens before BPE, so ids of a suffix that starts right after a special token are the
-ids a full tokenization would give there; for the same reason a long text is encoded as chunks cut after each
-end-of-turn token, in one batch call that spreads them over the tokenizer's threads without the GIL.
+ids a full tokenization would give there; for the same reason a long text, and a whole conversation of 2k+
+characters, is encoded as chunks cut after each end-of-turn token: the ids of long chunks are remembered across
+rollouts (an agent's system prompt and tools), the others encoded in one batch call without the GIL. ASCII text
+goes to the tokenizer's tiktoken twin where it has one (`bpe_twin.py`).
 
 Speed (`bench/bench_gate.py`): the template is rendered through transformers' own compiled template (its sandbox,
 filters and globals) without `render_jinja_template`'s defensive deep copy, which is for callers that pass rich
@@ -100,6 +102,7 @@ class Renderer:
         rust = self._rust
         self._encode_fast = getattr(rust, "encode_batch_fast", None) or getattr(rust, "encode_batch", None)
         self._chunks = ChunkIds()
+        self._decode_direct = rust is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self.twin, self.twin_absent_because = (
             build_twin(tokenizer, config.model_dir) if config.tiktoken_twin and rust is not None
             else (None, "not asked for" if rust is not None else "the tokenizer is not a fast (Rust) tokenizer")
@@ -144,17 +147,18 @@ class Renderer:
             raise BadRequest(f"the chat template rejected these messages: {exc}") from exc
         return rendered[0]
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, shared: bool = False) -> list[int]:
+        """The ids of `text`. `shared`: a whole conversation, whose long chunks (an agent's system prompt and tools,
+        a group's task) other rollouts send too, so their ids are remembered (`chunk_ids.py`)."""
         rust = self._rust
         if rust is None:
             return self.tokenizer.encode(text, add_special_tokens=False)
-        if len(text) <= _LONG_TEXT_CHARS:
+        if len(text) <= _LONG_TEXT_CHARS and not (shared and len(text) >= self._chunks.min_chars):
             if self.twin is not None and (ids := self.twin.encode(text)) is not None:
                 return ids
             return self._encode_batch([text])[0]
-        # One batch call releases the GIL and encodes the chunks on the tokenizer's threads; cut right after a
-        # special token, the chunks give the ids the whole text gives (special tokens are split off before BPE).
-        # The ids of long chunks seen before (an agent's system prompt and tools, a group's task) are remembered.
+        # Cut right after each end-of-turn token, the chunks give the ids the whole text gives (special tokens are
+        # split off before BPE); the ones not remembered are encoded in one batch call, which releases the GIL.
         chunks = _after_each(text, self.end_of_turn_text)
         return self._chunks.encode(chunks, self._encode_batch)
 
@@ -170,7 +174,7 @@ class Renderer:
         return out  # type: ignore[return-value]
 
     def render_full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return self.encode(self.render_text(messages, tools, generation_prompt=True))
+        return self.encode(self.render_text(messages, tools, generation_prompt=True), shared=True)
 
     def render_suffix(
         self, *, system: dict | None, last_assistant: dict, new_messages: list[dict], tools: list[dict] | None
@@ -195,6 +199,8 @@ class Renderer:
         return self.encode(after[end + len(self.end_of_turn_text):])
 
     def decode(self, ids: list[int]) -> str:
+        if self._decode_direct:  # what `tokenizer.decode` does when it cleans nothing up, without its Python layers
+            return self._rust.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 

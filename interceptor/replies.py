@@ -3,7 +3,7 @@ parsed model output (requests are `protocol.py`'s)."""
 
 from __future__ import annotations
 
-import secrets
+import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,12 +41,16 @@ class Usage:
         }
 
 
+# Ids the agent sees, unique and not secret: drawn from a generator seeded from the OS, without a system call each
+_ids = random.Random()
+
+
 def new_completion_id() -> str:
-    return f"chatcmpl-{secrets.token_hex(12)}"
+    return f"chatcmpl-{_ids.getrandbits(96):024x}"
 
 
 def new_tool_call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
+    return f"call_{_ids.getrandbits(96):024x}"
 
 
 def assistant_message(parsed: ParsedOutput, call_ids: Sequence[str]) -> dict:

@@ -45,3 +45,22 @@ def test_kept_ids_are_bounded_and_the_oldest_go_first():
     chunks.encode([c], encode_batch)  # 6000 ids > 5000: the least recently used (b) goes
     chunks.encode([a, b], encode_batch)
     assert encoded[-1] == [b]
+
+
+def test_a_conversation_shorter_than_a_long_text_still_reuses_its_system_prompt_and_tools(renderer):
+    """First turns of real agents are mostly 2k-16k characters: their system chunk is remembered too."""
+    system = "You are a coding agent. Use the tools and answer with the result. " * 40  # ~2.6k characters
+    for n, task in enumerate(("Fix parser.py.", "Add a test.", "Explain main.py.")):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        text = renderer.render_text(messages, TOOLS, generation_prompt=True)
+        assert len(text) < 16 * 1024
+        assert renderer.render_full(messages, TOOLS) == renderer.tokenizer.encode(text, add_special_tokens=False)
+        assert renderer._chunks.hits == n  # the system and tools chunk, every time after the first
+
+
+def test_decoding_sampled_ids_gives_the_tokenizers_text(renderer):
+    text = "<think>\nplan: ünïcode → ✓\n</think>\n\n<tool_call>\n{\"name\": \"ls\"}\n</tool_call><|im_end|>"
+    ids = renderer.tokenizer.encode(text, add_special_tokens=False)
+    assert renderer._decode_direct  # the tiny model's tokenizer cleans nothing up: the Rust decoder is called directly
+    for cut in (ids, ids[:-1], ids[:7], ids[3:], []):  # cuts can split a multi-byte character
+        assert renderer.decode(cut) == renderer.tokenizer.decode(cut, skip_special_tokens=True)
