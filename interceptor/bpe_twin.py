@@ -117,6 +117,7 @@ def build_twin(tokenizer, model_dir: Path | str) -> tuple[BpeTwin | None, str]:
         with _built_lock:
             _built[key] = kept
     if isinstance(kept, str):
+        log.info("the tokenizer encodes all text (no tiktoken twin: %s)", kept)
         return None, kept
 
     def reference(texts: list[str]) -> list[list[int]]:
@@ -126,6 +127,7 @@ def build_twin(tokenizer, model_dir: Path | str) -> tuple[BpeTwin | None, str]:
     probe = _probe_texts([content for _, content, *_ in added])
     if [twin._encoding.encode(t, allowed_special="all") for t in probe] != reference(probe):
         return None, "the probe texts gave other ids with tiktoken (the tokenizer in memory is not its file's?)"
+    log.info("ASCII text is encoded by the tokenizer's tiktoken twin (audited, 1 in %d)", AUDIT_EVERY)
     return twin, ""
 
 

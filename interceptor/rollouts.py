@@ -17,20 +17,21 @@ repeat of a request whose answer was delivered is sampled again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .body_cache import BodyCache
 from .config import SamplingSettings
 from .errors import Conflict, NotFound, Unauthorized
+from .journal import Journal
 from .protocol import same_json
 from .records import Failure, RolloutRecord, RolloutStatus
-from .trace_log import Spot, TraceLog
+from .trace_log import TraceLog
 from .trajectory import Trajectory
 from .upstream import AttemptBudget
 
@@ -201,9 +202,10 @@ class Rollout:
         status: RolloutStatus,
         failure: Failure | None,
         reward: float | None,
-        read_traces: Callable[[list[Spot]], list[dict]] | None = None,
+        journal: Journal | None = None,
     ) -> RolloutRecord:
-        """The record; `read_traces` reads the trace entries spilled to the journal back."""
+        """The record; the trace entries kept in `journal` are read back from it."""
+        read_traces = functools.partial(journal.traces, self.id) if journal is not None else None
         return RolloutRecord(
             rollout_id=self.id,
             mode=self.mode,

@@ -45,7 +45,6 @@ from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .relay import relay_turn
 from .relay_dialects import relay_shape_for
-from .bpe_twin import AUDIT_EVERY
 from .rendering import Renderer, RendererConfig
 from .rollouts import Rollout, RolloutRegistry, RolloutView
 from .streaming import stream_turn
@@ -186,10 +185,6 @@ class InterceptionServer:
                 tiktoken_twin=self.config.tiktoken_twin,
             ),
         )
-        if renderer.twin is not None:
-            log.info("ASCII text is encoded by the tokenizer's tiktoken twin (audited, 1 in %d)", AUDIT_EVERY)
-        else:
-            log.info("the tokenizer encodes all text (no tiktoken twin: %s)", renderer.twin_absent_because)
         upstream_model = self.config.upstream.model
         max_model_len = self.config.max_model_len
         if upstream_model is None or max_model_len is None:
@@ -280,10 +275,8 @@ class InterceptionServer:
                     status, failure = "failed", fault
             if status != "ok" and failure is None:
                 failure = Failure(cause=status, message=f"rollout ended as {status}")
-            journal = self._journal
-            read_traces = functools.partial(journal.traces, rollout.id) if journal is not None else None
             record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None,
-                                       read_traces=read_traces)
+                                       journal=self._journal)
             if self._recorder is not None:
                 await self._recorder.write(record)
         except BaseException:
