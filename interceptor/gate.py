@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import BadRequest, ContextLengthExceeded, UpstreamError
+from .journal import Journal
 from .parsing import parse_output
 from .protocol import ChatRequest
 from .replies import assistant_message, finish_reason_for, new_tool_call_id, token_logprobs
 from .records import Generation
 from .rendering import Renderer
-from .trace_log import Spot
 from .rollouts import Rollout, TurnResult, TurnTrace
 from .shared_renders import SharedRenders
 from .trajectory import TurnPlan
@@ -36,7 +36,6 @@ __all__ = ["HEAVY_REQUEST_BYTES", "PARSE_OFF_LOOP_BYTES", "Policy", "run_turn"]
 HEAVY_REQUEST_BYTES = 16 * 1024
 PARSE_OFF_LOOP_BYTES = 1024 * 1024
 
-JournalTurn = Callable[[Rollout, dict, dict], Spot]  # (rollout, branch delta, trace entry) -> where its line lies
 
 
 @dataclass(eq=False, kw_only=True)
@@ -50,7 +49,7 @@ class Policy:
     default_max_tokens: int
     version: int = 0  # stamped on every turn; the trainer bumps it after a weight update
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # cleared while weights change
-    journal_turn: JournalTurn | None = None
+    journal: Journal | None = None  # committed turns are journaled (a server with a record file)
     observe_turn: Callable[[TurnResult], None] | None = None  # the server's metrics
     renders: SharedRenders = field(init=False)
 
@@ -227,8 +226,9 @@ def _record(
     index = rollout.trace.append(TurnTrace(**entry))
     rollout.prompt_tokens += plan.prompt_len
     rollout.completion_tokens += len(generation.token_ids)
-    if policy.journal_turn is not None:  # the journal holds the entry now: keep only where it lies
-        rollout.trace.spill(index, policy.journal_turn(rollout, delta, entry))
+    if policy.journal is not None:  # the journal holds the entry now: keep only where it lies
+        usage = (rollout.prompt_tokens, rollout.completion_tokens)
+        rollout.trace.spill(index, policy.journal.turn(rollout.id, branch=delta, trace=entry, usage=usage))
     logprobs = None
     if request.logprobs:
         tokens = [policy.renderer.decode_one(t) for t in generation.token_ids]

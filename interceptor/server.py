@@ -39,7 +39,6 @@ from .errors import BadRequest, ConfigError, Conflict, NotFound, errors_middlewa
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
 from .incoming import read_request, unseen_part
 from .journal import Journal, journal_segments, recover_journal
-from .trace_log import Spot
 from .protocol import ensure_serialisable, parse_json_body
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
@@ -113,8 +112,7 @@ class InterceptionServer:
             await self._open_records(self.config.record_path)
         if self.config.mode == "interception_gate":
             self.policy = await self._load_policy()
-            if self._journal is not None:
-                self.policy.journal_turn = self._journal_turn
+            self.policy.journal = self._journal
             self.policy.observe_turn = self.metrics.observe_turn
         app = web.Application(middlewares=[errors_middleware_for(error_for)], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
@@ -170,10 +168,6 @@ class InterceptionServer:
                 log.exception("could not write rollout %s at shutdown; it stays in the journal", rollout.id)
                 complete = False
         self._journal.close(remove=complete)
-
-    def _journal_turn(self, rollout: Rollout, delta: dict, entry: dict) -> Spot:
-        return self._journal.turn(rollout.id, branch=delta, trace=entry,
-                                  usage=(rollout.prompt_tokens, rollout.completion_tokens))
 
     async def _load_policy(self) -> Policy:
         renderer = await asyncio.to_thread(
