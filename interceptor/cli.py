@@ -132,6 +132,11 @@ def _register_own(commands: CommandRegistry) -> None:
         help="encode with the model's tokenizer only; by default ASCII text is encoded by tiktoken where that gives "
         "the same ids (checked when the tokenizer loads, and audited while serving)",
     )
+    serve.add_argument(
+        "--no-fast-lane", dest="fast_lane", action="store_false",
+        help="serve every request through aiohttp; by default the gate's non-streamed turns are read and answered "
+        "straight off the socket",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
     serve.add_argument(

@@ -32,6 +32,7 @@ __all__ = [
     "UpstreamUnavailable",
     "WorkerUnavailable",
     "error_body",
+    "error_answer",
     "errors_middleware",
     "errors_middleware_for",
     "json_response",
@@ -140,13 +141,24 @@ def openai_error(request: web.Request, error: ApiError) -> tuple[int, dict]:
     return error.status, error_body(error)
 
 
+def error_answer(shape: ErrorShape, request: web.Request, error: Exception,
+                 status: int | None = None) -> tuple[int, dict, dict | None]:
+    """The status, body and extra headers that answer `error`, in the shape the request's client expects. An error
+    that is not an `ApiError` is a defect: it is logged with its traceback and answered as an internal error. The
+    error middleware and the fast lane (`lane.py`) both answer through this."""
+    if not isinstance(error, ApiError):
+        log.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
+        error = ApiError("internal error; the server log has the details")
+    code, body = shape(request, error)
+    code = status or code
+    return code, body, ({"Retry-After": "1"} if code in (429, 503, 529) else None)
+
+
 def errors_middleware_for(shape: ErrorShape = openai_error):
     """The one place errors become responses, each in the shape the request's client expects (`shape`)."""
 
-    def respond(request: web.Request, error: ApiError, status: int | None = None) -> web.Response:
-        code, body = shape(request, error)
-        code = status or code
-        headers = {"Retry-After": "1"} if code in (429, 503, 529) else None
+    def respond(request: web.Request, error: Exception, status: int | None = None) -> web.Response:
+        code, body, headers = error_answer(shape, request, error, status)
         return json_response(body, status=code, headers=headers)
 
     @web.middleware
@@ -167,9 +179,8 @@ def errors_middleware_for(shape: ErrorShape = openai_error):
             return respond(request, BadRequest(f"{request.method} is not allowed on {request.path}"), exc.status)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
-        except Exception:  # the top-level capture point: a defect, logged with its traceback, answered in shape
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            return respond(request, ApiError("internal error; the server log has the details"))
+        except Exception as exc:  # the top-level capture point: a defect, logged with its traceback, answered in shape
+            return respond(request, exc)
 
     return errors_middleware
 

@@ -11,7 +11,10 @@ Routes (per rollout, behind `Authorization: Bearer <secret>`):
     POST /rollout/{id}/v1/tools/{name}        host tools; `answer` records the submission for the grader
 Admin (behind the admin token): POST /rollouts, GET /rollouts/{id}, POST /rollouts/{id}/finish. And GET /health.
 
-Errors are converted to OpenAI's shape in one middleware; input never causes a 500. The server owns "no reward
+The listening socket is the fast lane's (`lane.py`): it answers the gate's non-streamed turns (`turns.py`) and the
+JSON routes itself and hands every other connection to aiohttp (`config.fast_lane=False`: aiohttp serves all).
+Errors are answered in the client's shape in one place (`errors.error_answer`, for the middleware and the lane);
+input never causes a 500. The server owns "no reward
 after a fault": a rollout whose last chat call failed upstream is finished `failed` (cause `upstream`) whatever
 the driver asks, unless the driver says why it accepts it (`accept_upstream_failures`). With a record file, every
 committed turn is journaled: a crash or a shutdown leaves the live rollouts as `interrupted` records.
@@ -22,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -35,19 +37,17 @@ from .dialects import Dialect, error_for
 from .dialects.chat import CHAT
 from .dialects.messages import MESSAGES
 from .dialects.responses import RESPONSES
-from .errors import BadRequest, ConfigError, Conflict, NotFound, errors_middleware_for, json_response
-from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, Policy, run_turn
-from .incoming import read_request, unseen_part
+from .errors import ConfigError, Conflict, errors_middleware_for, json_response
+from .gate import Policy
+from .lane import Lane, LaneRequest, LaneRoutes, from_aiohttp
 from .journal import Journal, journal_segments, recover_journal
-from .protocol import ensure_serialisable, parse_json_body
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
-from .relay import relay_turn
-from .relay_dialects import relay_shape_for
 from .rendering import Renderer, RendererConfig
+from .rollout_routes import add_rollout_routes
 from .rollouts import Rollout, RolloutRegistry, RolloutView
-from .streaming import stream_turn
 from .trajectory import Trajectory
+from .turns import Turns, lane_error
 from .metrics import ServerMetrics
 from .mounts import mount_under
 from .replicas import ReplicaSet
@@ -92,6 +92,7 @@ class InterceptionServer:
         self._journal: Journal | None = None
         self._stack = AsyncExitStack()
         self._port: int | None = None
+        self.lane: Lane | None = None  # the fast lane (`lane.py`), when `config.fast_lane`
 
     # ------------------------------------------------------------------------------------------ lifetime
 
@@ -118,11 +119,10 @@ class InterceptionServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self.metrics.route(self.config.admin_token))
         add_admin_routes(app, self)
-        for dialect in (CHAT, MESSAGES, RESPONSES):
-            app.router.add_post(f"/rollout/{{rid}}/v1/{dialect.path}", functools.partial(self._turn, dialect=dialect))
-        app.router.add_post("/rollout/{rid}/v1/messages/count_tokens", self._count_tokens)
-        app.router.add_get("/rollout/{rid}/v1/models", self._models)
-        app.router.add_post("/rollout/{rid}/v1/tools/{tool}", self._tool)
+        turns = Turns(self)
+        for dialect in DIALECTS:
+            app.router.add_post(f"/rollout/{{rid}}/v1/{dialect.path}", turns.aiohttp_handler(dialect))
+        add_rollout_routes(app, self)
         for number, (prefix, mounted) in enumerate(self._mounts):  # the first one is the page at /
             mount_under(app, prefix, mounted, root=number == 0)
         # handler_cancellation=False: a turn whose agent hung up still finishes and is recorded (a retry replays it)
@@ -133,10 +133,30 @@ class InterceptionServer:
         # Shutdown, in this order: stop taking requests (in-flight ones get the grace), then write every rollout
         # still live as `interrupted`, then close the journal (exit stack callbacks run in reverse).
         self._stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, self.config.host, self.config.port)
-        await site.start()
-        self._port = runner.addresses[0][1]
+        if self.config.fast_lane:  # the gate's non-streamed turns and the JSON routes off the socket, the rest aiohttp's
+            self.lane = await Lane.start(runner.server, host=self.config.host, port=self.config.port,
+                                         take=self._lane_routes(app, turns).take, on_error=lane_error,
+                                         max_body_bytes=self.config.max_body_bytes)
+            self._stack.push_async_callback(self.lane.aclose, self.config.shutdown_grace_s)
+            self._port = self.lane.port
+        else:
+            site = web.TCPSite(runner, self.config.host, self.config.port)
+            await site.start()
+            self._port = runner.addresses[0][1]
         log.info("interception server (%s) on %s", self.config.mode, self.url)
+
+    def _lane_routes(self, app: web.Application, turns: Turns) -> LaneRoutes:
+        """What the fast lane answers (`lane.py`): the gate's turns, and the routes that answer JSON in one piece.
+        Streamed and black_box turns, /metrics and mounted pages stay with aiohttp."""
+        routes = LaneRoutes()
+        for route in app.router.routes():
+            path = route.resource.canonical if route.resource is not None else None
+            if path in _LANE_ROUTES and route.method in ("GET", "POST"):
+                routes.add(route.method, path, from_aiohttp(route.handler))
+        if self.policy is not None:
+            for dialect in DIALECTS:
+                routes.add("POST", f"/rollout/{{rid}}/v1/{dialect.path}", turns.lane_handler(dialect))
+        return routes
 
     async def _open_records(self, path) -> None:
         """Open the record file (a torn last line is set aside), write the rollouts a crashed server left in its
@@ -210,7 +230,7 @@ class InterceptionServer:
     ) -> RolloutHandle:
         trajectory = None
         if self.policy is not None:
-            trajectory = Trajectory(self.policy.renderer, stop_ids=self._stop_ids())
+            trajectory = Trajectory(self.policy.renderer, stop_ids=self._stop_ids)
         rollout = self.registry.create(
             mode=self.config.mode,
             sampling=sampling or SamplingSettings(),
@@ -227,6 +247,7 @@ class InterceptionServer:
             tools_secret=rollout.tools_secret,
         )
 
+    @functools.cached_property
     def _stop_ids(self) -> frozenset[int]:
         assert self.policy is not None
         tokenizer = self.policy.renderer.tokenizer
@@ -307,91 +328,15 @@ class InterceptionServer:
         """The policy servers this server generates with (one, or several replicas with sticky routing)."""
         return self._upstream
 
-    def _authorize(self, request: web.Request, *, tools: bool = False, dialect: Dialect = CHAT) -> Rollout:
+    @property
+    def journal(self) -> Journal | None:
+        return self._journal
+
+    def authorize(self, request: web.Request | LaneRequest, *, tools: bool = False, dialect: Dialect = CHAT) -> Rollout:
         return self.registry.authorize(request.match_info["rid"], dialect.authorization(request), tools=tools)
 
-    async def _turn(self, request: web.Request, *, dialect: Dialect) -> web.StreamResponse:
-        rollout = self._authorize(request, dialect=dialect)
-        rollout.in_flight += 1
-        try:
-            response = await self._answer(request, rollout, dialect)
-            self.metrics.turns.labels(self.config.mode, dialect.name).inc()
-            return response
-        finally:
-            rollout.in_flight -= 1
-            rollout.last_activity = time.monotonic()
 
-    async def _answer(self, request: web.Request, rollout: Rollout, dialect: Dialect) -> web.StreamResponse:
-        raw = await request.read()
-        heavy = len(raw) > HEAVY_REQUEST_BYTES  # its work goes to a worker thread, so other rollouts go on
-        relayed = self.policy is None
-        cache = rollout.body_cache(dialect.name, dialect.history_key)
-        if len(raw) > PARSE_OFF_LOOP_BYTES and not cache.extends_recent(raw):
-            parsed, chat = await asyncio.to_thread(read_request, dialect, cache, raw, relayed)
-        else:
-            parsed, chat = read_request(dialect, cache, raw, relayed)
-        cache.keep(parsed, chat)
-        body = parsed.body
-        if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
-            rollout.ignored_noted.update(chat.ignored)
-            rollout.note("ignored_request_fields", fields=list(chat.ignored))
-        if relayed:
-            ensure_serialisable(unseen_part(parsed, dialect.history_key), "body")  # it is recorded: it must serialise
-            return await relay_turn(request, self._upstream, rollout, raw, body, chat, shape=relay_shape_for(dialect.name),
-                                    journal=self._journal)  # fmt: skip
-        attempts_key = parsed.fingerprint  # SDK retries resend the same bytes
-        turn = run_turn(self.policy, rollout, chat, fingerprint=attempts_key, sdk_retry=_sdk_retry(request),
-                        heavy=heavy)
-
-        def delivered() -> None:
-            attempts = rollout.attempts.get(attempts_key)
-            if attempts is not None:
-                attempts.delivered = True
-
-        model = self.config.served_model_name
-        if chat.stream:
-            return await stream_turn(request, turn, dialect.stream(chat, model=model), hold_s=self.config.stream_hold_s,
-                                     keepalive_s=self.config.keepalive_s, on_delivered=delivered)  # fmt: skip
-        result = await turn
-        response = json_response(dialect.reply(result, chat, model=model))
-        await response.prepare(request)
-        await response.write_eof()
-        delivered()
-        return response
-
-    async def _count_tokens(self, request: web.Request) -> web.Response:
-        """Anthropic's `POST /v1/messages/count_tokens`, answered from the renderer: the prompt's token count."""
-        self._authorize(request, dialect=MESSAGES)
-        if self.policy is None:
-            raise BadRequest("count_tokens needs the policy's tokenizer: it is answered in interception_gate mode")
-        chat = MESSAGES.parse_for_count(parse_json_body(await request.read()))
-        ids = await asyncio.to_thread(self.policy.renderer.render_full, chat.messages, chat.tools)
-        return json_response({"input_tokens": len(ids)})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        self._authorize(request)
-        model = {"id": self.config.served_model_name, "object": "model", "owned_by": "interceptor"}
-        if self.policy is not None:
-            model["max_model_len"] = self.policy.max_model_len
-        return json_response({"object": "list", "data": [model]})
-
-    async def _tool(self, request: web.Request) -> web.Response:
-        rollout = self._authorize(request, tools=True)
-        name = request.match_info["tool"]
-        tool = self.host_tools.get(name)
-        if tool is None:
-            raise NotFound(f"no host tool {name!r}; this rollout has {sorted(self.host_tools)}")
-        raw = await request.read()
-        body = parse_json_body(raw) if raw.strip() else {}
-        ensure_serialisable(body, "body")  # it is recorded: nothing that parses may make the record unwritable
-        rollout.note("tool_call", tool=name)
-        answer = await tool(rollout, body)
-        if name == "answer" and self._journal is not None:
-            self._journal.answered(rollout.id, rollout.answer)
-        return json_response(answer)
-
-
-def _sdk_retry(request: web.Request) -> bool:
-    """The OpenAI and Anthropic SDKs number their retries in `X-Stainless-Retry-Count` (0 on the first try)."""
-    count = request.headers.get("X-Stainless-Retry-Count", "0")
-    return count.isdigit() and int(count) > 0
+DIALECTS = (CHAT, MESSAGES, RESPONSES)
+# The routes whose handlers read only headers, path parameters and the body, and answer JSON in one piece.
+_LANE_ROUTES = frozenset({"/health", "/rollouts", "/rollouts/{rid}", "/rollouts/{rid}/finish", "/rollout/{rid}/v1/models",
+                          "/rollout/{rid}/v1/messages/count_tokens", "/rollout/{rid}/v1/tools/{tool}"})

@@ -1,0 +1,356 @@
+"""The fast lane: requests the server takes whole are answered straight off the socket; aiohttp serves the rest.
+
+    lane = await Lane.start(runner.server, take=server.lane_route, on_error=server.lane_error, host=..., port=0,
+                            max_body_bytes=..., grace_s=...)
+    ...
+    await lane.aclose()                    # stops listening, lets answers in progress finish, closes its sockets
+
+A steady turn of the gate costs a few hundred microseconds of its own, and aiohttp's server around the handler cost
+about as much again (its request and response objects, header multidicts, the router, the middleware, the payload
+stream): 13% of a busy gate's samples, and about 0.2 ms of every turn's added latency (`bench/README.md`). The lane
+is the listening socket's protocol. It reads each request's head itself and asks `take(method, path)` for a handler:
+one is offered only for a request the server can answer in one piece (the gate's non-streamed turns). The lane then
+serves it when it also reads the request whole:
+
+    HTTP/1.1; no query string; a Content-Length body within `max_body_bytes`; no Transfer-Encoding, Expect,
+    Upgrade or Content-Encoding; header lines that parse (`name: value`, no folding).
+
+Anything else (another route, a request the lane does not read, a handler that declines by returning None before it
+did anything) hands the connection to aiohttp with every byte read so far, as if aiohttp had accepted it, and the
+connection stays with aiohttp from then on. So aiohttp answers every request the lane does not, the way it always
+did: errors, limits, chunked bodies, streamed turns, the admin API, the viewer.
+
+A handler's answer is `LaneReply` (a status and a JSON body); what it raises is turned into one by `on_error` (the
+same shape the error middleware gives). One request per connection is in hand at a time: pipelined requests wait
+their turn (in the socket, once the client is more than a head's length ahead). A handler runs to its end even if the client hangs up (the server's
+`handler_cancellation=False`): the turn is recorded, and a retry is answered from it. An idle connection is closed
+after `keepalive_s` (aiohttp's default, 75 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http import HTTPStatus
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+__all__ = ["Lane", "LaneReply", "LaneRequest", "LaneRoutes", "from_aiohttp"]
+
+log = logging.getLogger("interceptor.lane")
+
+_MAX_HEAD = 64 * 1024  # request line and headers; a longer head is aiohttp's to refuse
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110's token)
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus} | {529: b"Overloaded"}  # 529: Anthropic's
+_REFUSED = frozenset(("transfer-encoding", "expect", "upgrade", "content-encoding"))  # aiohttp's to read
+
+
+@dataclass(slots=True)
+class LaneRequest:
+    """What a lane handler sees: the parts of aiohttp's request the server's handlers read."""
+
+    method: str
+    path: str
+    headers: CIMultiDictProxy[str]
+    body: bytes
+    match_info: dict[str, str] = field(default_factory=dict)
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+@dataclass(frozen=True, slots=True)
+class LaneReply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+    on_sent: Callable[[], None] | None = None  # called once the answer is handed to the socket
+
+
+Handler = Callable[[LaneRequest], Awaitable[LaneReply | None]]
+Take = Callable[[str, str], tuple[Handler, dict[str, str]] | None]  # (method, path) -> (handler, path parameters)
+OnError = Callable[[LaneRequest, Exception], LaneReply]
+
+
+def from_aiohttp(handler: Callable[[LaneRequest], Awaitable[object]]) -> Handler:
+    """An aiohttp handler served by the lane: one that reads only the request's headers, path parameters and body,
+    and answers an `aiohttp.web.Response` whose body is bytes (the server's JSON routes)."""
+
+    async def serve(request: LaneRequest) -> LaneReply:
+        response = await handler(request)
+        if not isinstance(response.body, bytes):
+            raise TypeError(f"{request.method} {request.path}: the lane sends bytes bodies, not {type(response.body)}")
+        headers = response.headers
+        extra = tuple((k, v) for k, v in headers.items() if k.lower() not in ("content-type", "content-length"))
+        return LaneReply(response.status, response.body, headers.get("Content-Type", "application/octet-stream"),
+                         extra)
+
+    return serve
+
+
+class LaneRoutes:
+    """The routes the lane serves, as aiohttp spells them (`/rollouts/{rid}/finish`); its `take` is `Lane`'s.
+
+    A `{name}` matches letters, digits, `-` and `_` only (the server's ids): a path with anything else (an escape,
+    a dot) is aiohttp's, which reads it as it always has."""
+
+    def __init__(self) -> None:
+        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[A-Za-z0-9_-]+)", re.escape(path))
+        self._routes.append((method, re.compile(pattern), handler))
+
+    def take(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
+        for route_method, pattern, handler in self._routes:
+            if route_method == method and (match := pattern.fullmatch(path)) is not None:
+                return handler, match.groupdict()
+        return None
+
+
+class _Date:
+    """The Date header, formatted once a second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def __call__(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._value = formatdate(now, usegmt=True).encode("ascii")
+        return self._value
+
+
+class Lane:
+    def __init__(self, fallback: Callable[[], asyncio.Protocol], *, take: Take, on_error: OnError,
+                 max_body_bytes: int, keepalive_s: float = 75.0) -> None:
+        self._fallback = fallback  # aiohttp's server: makes the protocol a handed-over connection continues with
+        self._take = take
+        self._on_error = on_error
+        self._max_body = max_body_bytes
+        self._keepalive_s = keepalive_s
+        self._date = _Date()
+        self._connections: set[_LaneConnection] = set()
+        self._server: asyncio.Server | None = None
+        self.served = 0  # requests the lane answered itself
+        self.handed_over = 0  # connections given to aiohttp
+
+    @classmethod
+    async def start(cls, fallback: Callable[[], asyncio.Protocol], *, host: str, port: int, **options) -> Lane:
+        lane = cls(fallback, **options)
+        loop = asyncio.get_running_loop()
+        lane._server = await loop.create_server(lambda: _LaneConnection(lane), host, port, reuse_address=True)
+        return lane
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        """Stop listening; answers in progress get `grace_s`, then are cancelled; every connection the lane holds
+        is closed."""
+        if self._server is None:
+            return
+        log.info("fast lane: %d requests answered, %d connections handed to aiohttp", self.served, self.handed_over)
+        self._server.close()
+        busy = [c.task for c in self._connections if c.task is not None]
+        for connection in [c for c in self._connections if c.task is None]:
+            connection.close()
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=grace_s)
+            for task in late:  # past the grace, as aiohttp does with its own handlers
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        for connection in list(self._connections):
+            connection.close()
+        self._server = None
+
+
+class _LaneConnection(asyncio.Protocol):
+    __slots__ = ("lane", "transport", "buffer", "consumed", "task", "paused", "idle", "closing", "eof")
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.consumed = 0  # the buffer's bytes that are the request in hand
+        self.task: asyncio.Task | None = None  # the request in hand
+        self.paused = False  # reading paused: the client sent far ahead of the request in hand
+        self.idle: asyncio.TimerHandle | None = None
+        self.closing = False  # answer this request, then close (Connection: close, or the client's EOF)
+        self.eof = False
+
+    # ------------------------------------------------------------------------------------ transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an answer is one small write: send it now
+        self.lane._connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lane._connections.discard(self)
+        self._disarm_idle()
+        self.transport = None  # a handler in progress runs on; its answer is dropped
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.task is not None:  # the client sent its request and half-closed: answer, then close
+            self.closing = True
+            return True
+        return False
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.task is None:
+            self._next()
+        elif len(self.buffer) > self.consumed + _MAX_HEAD and not self.paused:
+            self.paused = True  # pipelined bytes wait in the socket, not here (pausing for every request costs)
+            self.transport.pause_reading()
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    def _next(self) -> None:
+        """Serve the request at the head of the buffer if it is whole and the lane's, or hand the connection over."""
+        buffer = self.buffer
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buffer) > _MAX_HEAD:
+                self._hand_over()
+            return
+        parsed = self._read_head(bytes(buffer[:end]))
+        if parsed is None:
+            self._hand_over()
+            return
+        method, path, headers, length, handler, params = parsed
+        if len(buffer) < end + 4 + length:
+            return  # the body is still coming
+        request = LaneRequest(method, path, headers, bytes(buffer[end + 4:end + 4 + length]), params)
+        self._disarm_idle()
+        self.consumed = end + 4 + length
+        self.task = asyncio.get_running_loop().create_task(self._serve(handler, request))
+
+    def _read_head(self, head: bytes):
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or b"?" in parts[1]:
+            return None
+        method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
+        taken = self.lane._take(method, path)
+        if taken is None:
+            return None
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or not _TOKEN.fullmatch(name):
+                return None  # folding, a space before the colon, no colon: aiohttp's to refuse
+            headers.add(name.decode("latin-1"), value.strip(b" \t").decode("latin-1"))
+        if any(name in headers for name in _REFUSED):
+            return None
+        lengths = headers.getall("Content-Length", ())
+        if len(lengths) > 1 or (lengths and not (lengths[0].isdigit() and lengths[0].isascii())):
+            return None
+        length = int(lengths[0]) if lengths else 0  # neither Content-Length nor Transfer-Encoding: no body
+        if length > self.lane._max_body:
+            return None
+        if headers.get("Connection", "").lower() == "close":
+            self.closing = True
+        return method, path, CIMultiDictProxy(headers), length, *taken
+
+    async def _serve(self, handler: Handler, request: LaneRequest) -> None:
+        """Answer one request, the buffer's first `consumed` bytes (the buffer is left whole until it is answered,
+        so a handler that declines hands aiohttp every byte, pipelined ones included)."""
+        try:
+            try:
+                reply = await handler(request)
+            except Exception as exc:
+                reply = self.lane._on_error(request, exc)
+            if reply is None:  # the handler declined before doing anything: aiohttp reads the request afresh
+                self.task = None
+                self._hand_over()
+                return
+            self._write(reply)
+        except Exception:  # a defect in the lane itself: the connection cannot be trusted to be in step
+            log.exception("the fast lane failed on %s %s", request.method, request.path)
+            self.close()
+            return
+        self.task = None
+        self.lane.served += 1
+        if self.transport is None:
+            return
+        if self.closing:
+            self.transport.close()
+            return
+        del self.buffer[:self.consumed]
+        self.consumed = 0
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+        self._arm_idle()
+        if self.buffer:
+            self._next()
+
+    def _write(self, reply: LaneReply) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        head = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n"
+                % (reply.status, _REASONS.get(reply.status, b"Status"), reply.content_type.encode("latin-1"),
+                   len(reply.body), self.lane._date())]
+        for name, value in reply.headers:
+            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        if self.closing:
+            head.append(b"Connection: close\r\n")
+        head.append(b"\r\n")
+        self.transport.write(b"".join(head) + reply.body)
+        if reply.on_sent is not None:
+            reply.on_sent()
+
+    # ---------------------------------------------------------------------------------- hand-over, idling
+
+    def _hand_over(self) -> None:
+        """aiohttp's protocol takes the connection from here, with the bytes read so far as its first data."""
+        transport = self.transport
+        if transport is None:
+            return
+        self._disarm_idle()
+        self.closing = False
+        self.paused = False
+        self.lane._connections.discard(self)
+        self.lane.handed_over += 1
+        protocol = self.lane._fallback()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        data, self.buffer = bytes(self.buffer), bytearray()
+        self.transport = None
+        if data:
+            protocol.data_received(data)
+        if self.eof:
+            protocol.eof_received()
+        transport.resume_reading()
+
+    def _arm_idle(self) -> None:
+        self._disarm_idle()
+        self.idle = asyncio.get_running_loop().call_later(self.lane._keepalive_s, self.close)
+
+    def _disarm_idle(self) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+
+    def close(self) -> None:
+        self._disarm_idle()
+        if self.transport is not None:
+            self.transport.close()

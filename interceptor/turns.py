@@ -1,0 +1,149 @@
+"""A rollout's turns (`POST /rollout/{id}/v1/{chat/completions,messages,responses}`), over aiohttp and the fast lane.
+
+    turns = Turns(server)
+    app.router.add_post(".../chat/completions", turns.aiohttp_handler(CHAT))    # every turn, streamed or not
+    lane_routes.add("POST", ".../chat/completions", turns.lane_handler(CHAT))   # the gate's turns in one piece
+
+A turn is read through the rollout's body cache (only what follows the history it shares with a recent body is
+parsed), then relayed (black_box) or run by the gate (`gate.run_turn`) and answered in one piece or as events. The
+fast lane (`lane.py`) answers the gate's turns that are not streamed; it declines a streamed one before anything
+is kept, and aiohttp's path then reads it as if for the first time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import orjson
+from aiohttp import web
+
+from .body_cache import BodyCache, ParsedBody
+from .dialects import Dialect, error_for
+from .errors import error_answer, json_response
+from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, run_turn
+from .incoming import read_request, unseen_part
+from .lane import LaneReply, LaneRequest
+from .protocol import ChatRequest, ensure_serialisable
+from .relay import relay_turn
+from .relay_dialects import relay_shape_for
+from .rollouts import Rollout, TurnResult
+from .streaming import stream_turn
+
+if TYPE_CHECKING:
+    from .server import InterceptionServer
+
+__all__ = ["Turns", "lane_error"]
+
+
+class Turns:
+    def __init__(self, server: InterceptionServer) -> None:
+        self._server = server
+
+    def aiohttp_handler(self, dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        return functools.partial(self._turn, dialect=dialect)
+
+    def lane_handler(self, dialect: Dialect) -> Callable[[LaneRequest], Awaitable[LaneReply | None]]:
+        return functools.partial(self._lane_turn, dialect=dialect)
+
+    # ------------------------------------------------------------------------------------------- aiohttp
+
+    async def _turn(self, request: web.Request, *, dialect: Dialect) -> web.StreamResponse:
+        server = self._server
+        rollout = server.authorize(request, dialect=dialect)
+        with self._in_flight(rollout, dialect):
+            raw = await request.read()
+            cache, parsed, chat = await self._parse(rollout, dialect, raw)
+            self._keep(rollout, cache, parsed, chat)
+            if server.policy is None:
+                ensure_serialisable(unseen_part(parsed, dialect.history_key), "body")  # it is recorded: it must serialise
+                return await relay_turn(request, server.replicas, rollout, raw, parsed.body, chat,
+                                        shape=relay_shape_for(dialect.name), journal=server.journal)
+            turn, delivered = self._run(rollout, parsed, chat, raw=raw, sdk_retry=_sdk_retry(request))
+            model = server.config.served_model_name
+            if chat.stream:
+                return await stream_turn(request, turn, dialect.stream(chat, model=model),
+                                         hold_s=server.config.stream_hold_s, keepalive_s=server.config.keepalive_s,
+                                         on_delivered=delivered)
+            response = json_response(dialect.reply(await turn, chat, model=model))
+            await response.prepare(request)
+            await response.write_eof()
+            delivered()
+            return response
+
+    # ----------------------------------------------------------------------------------------- fast lane
+
+    async def _lane_turn(self, request: LaneRequest, *, dialect: Dialect) -> LaneReply | None:
+        """A gate turn answered in one piece, as `_turn` answers it; None (a streamed turn) hands it to aiohttp."""
+        raw = request.body
+        if b'"stream"' in raw:  # it may ask for events, which aiohttp's path writes: declined before any work
+            return None
+        server = self._server
+        rollout = server.authorize(request, dialect=dialect)
+        cache, parsed, chat = await self._parse(rollout, dialect, raw)
+        if chat.stream:  # "stream" spelt with escapes: still nothing done but reading
+            return None
+        with self._in_flight(rollout, dialect):
+            self._keep(rollout, cache, parsed, chat)
+            turn, delivered = self._run(rollout, parsed, chat, raw=raw, sdk_retry=_sdk_retry(request))
+            body = dialect.reply(await turn, chat, model=server.config.served_model_name)
+        return LaneReply(200, orjson.dumps(body), on_sent=delivered)
+
+    # ------------------------------------------------------------------------------------------ the turn
+
+    @contextmanager
+    def _in_flight(self, rollout: Rollout, dialect: Dialect) -> Iterator[None]:
+        rollout.in_flight += 1
+        try:
+            yield
+            self._server.metrics.turns.labels(self._server.config.mode, dialect.name).inc()
+        finally:
+            rollout.in_flight -= 1
+            rollout.last_activity = time.monotonic()
+
+    async def _parse(self, rollout: Rollout, dialect: Dialect, raw: bytes) -> tuple[BodyCache, ParsedBody, ChatRequest]:
+        """The body read through the rollout's cache; nothing is kept yet (`_keep`)."""
+        cache = rollout.body_cache(dialect.name, dialect.history_key)
+        relayed = self._server.policy is None
+        if len(raw) > PARSE_OFF_LOOP_BYTES and not cache.extends_recent(raw):
+            parsed, chat = await asyncio.to_thread(read_request, dialect, cache, raw, relayed)
+        else:
+            parsed, chat = read_request(dialect, cache, raw, relayed)
+        return cache, parsed, chat
+
+    @staticmethod
+    def _keep(rollout: Rollout, cache: BodyCache, parsed: ParsedBody, chat: ChatRequest) -> None:
+        cache.keep(parsed, chat)
+        if chat.ignored and not rollout.ignored_noted.issuperset(chat.ignored):
+            rollout.ignored_noted.update(chat.ignored)
+            rollout.note("ignored_request_fields", fields=list(chat.ignored))
+
+    def _run(self, rollout: Rollout, parsed: ParsedBody, chat: ChatRequest, *, raw: bytes,
+             sdk_retry: bool) -> tuple[Awaitable[TurnResult], Callable[[], None]]:
+        """The gate's turn, and what marks its answer delivered (a retry of a delivered turn is a new turn)."""
+        attempts_key = parsed.fingerprint  # SDK retries resend the same bytes
+        turn = run_turn(self._server.policy, rollout, chat, fingerprint=attempts_key, sdk_retry=sdk_retry,
+                        heavy=len(raw) > HEAVY_REQUEST_BYTES)  # a heavy turn's work goes to a worker thread
+
+        def delivered() -> None:
+            attempts = rollout.attempts.get(attempts_key)
+            if attempts is not None:
+                attempts.delivered = True
+
+        return turn, delivered
+
+
+def lane_error(request: LaneRequest, error: Exception) -> LaneReply:
+    """What the fast lane answers for an error: the error middleware's status and body (`errors.error_answer`)."""
+    status, body, headers = error_answer(error_for, request, error)
+    return LaneReply(status, orjson.dumps(body), headers=tuple((headers or {}).items()))
+
+
+def _sdk_retry(request: web.Request | LaneRequest) -> bool:
+    """The OpenAI and Anthropic SDKs number their retries in `X-Stainless-Retry-Count` (0 on the first try)."""
+    count = request.headers.get("X-Stainless-Retry-Count", "0")
+    return count.isdigit() and int(count) > 0
