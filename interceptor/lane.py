@@ -1,30 +1,32 @@
-"""The fast lane: requests the server takes whole are answered straight off the socket; aiohttp serves the rest.
+"""The fast lane: the requests the server routes to it are answered straight off the socket; aiohttp serves the rest.
 
-    lane = await Lane.start(runner.server, take=server.lane_route, on_error=server.lane_error, host=..., port=0,
-                            max_body_bytes=..., grace_s=...)
+    routes = LaneRoutes()
+    routes.add("POST", "/rollouts/{rid}/finish", from_aiohttp(finish))     # an aiohttp handler that answers JSON
+    lane = await Lane.start(runner.server, host="127.0.0.1", port=0, take=routes.take, on_error=answer_error,
+                            max_body_bytes=16 << 20)                        # runner.server: aiohttp's protocols
     ...
-    await lane.aclose()                    # stops listening, lets answers in progress finish, closes its sockets
+    await lane.aclose(grace_s=5)           # stops listening, lets answers in progress finish, closes its sockets
 
 A steady turn of the gate costs a few hundred microseconds of its own, and aiohttp's server around the handler cost
 about as much again (its request and response objects, header multidicts, the router, the middleware, the payload
 stream): 13% of a busy gate's samples, and about 0.2 ms of every turn's added latency (`bench/README.md`). The lane
-is the listening socket's protocol. It reads each request's head itself and asks `take(method, path)` for a handler:
-one is offered only for a request the server can answer in one piece (the gate's non-streamed turns). The lane then
-serves it when it also reads the request whole:
+is the listening socket's protocol. It reads each request's head itself and asks `take(method, path)` for a handler
+(the server offers the gate's turns and its JSON routes), and serves the request when it reads it whole:
 
     HTTP/1.1; no query string; a Content-Length body within `max_body_bytes`; no Transfer-Encoding, Expect,
     Upgrade or Content-Encoding; header lines that parse (`name: value`, no folding).
 
-Anything else (another route, a request the lane does not read, a handler that declines by returning None before it
-did anything) hands the connection to aiohttp with every byte read so far, as if aiohttp had accepted it, and the
-connection stays with aiohttp from then on. So aiohttp answers every request the lane does not, the way it always
-did: errors, limits, chunked bodies, streamed turns, the admin API, the viewer.
+Anything else (another route, a request the lane does not read) hands the connection to aiohttp with every byte
+read so far, as if aiohttp had accepted it, and the connection stays with aiohttp from then on. So aiohttp answers
+every request the lane does not, the way it always did: chunked or compressed bodies, oversized ones, malformed
+heads, black_box turns, /metrics, the viewer.
 
-A handler's answer is `LaneReply` (a status and a JSON body); what it raises is turned into one by `on_error` (the
-same shape the error middleware gives). One request per connection is in hand at a time: pipelined requests wait
-their turn (in the socket, once the client is more than a head's length ahead). A handler runs to its end even if the client hangs up (the server's
-`handler_cancellation=False`): the turn is recorded, and a retry is answered from it. An idle connection is closed
-after `keepalive_s` (aiohttp's default, 75 s).
+A handler's answer is `LaneReply` (a status and a body), or a `LaneStream` it opened and finished (a streamed
+turn's events, sent chunked); what it raises is turned into a `LaneReply` by `on_error` (the same status and body
+the error middleware gives). One request per connection is in hand at a time: pipelined requests wait their turn
+(in the socket, once the client is more than a head's length ahead). A handler runs to its end even if the client
+hangs up (the server's `handler_cancellation=False`): the turn is recorded, and a retry is answered from it. An idle
+connection is closed after `keepalive_s` (aiohttp's default, 75 s).
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["Lane", "LaneReply", "LaneRequest", "LaneRoutes", "from_aiohttp"]
+__all__ = ["Lane", "LaneReply", "LaneRequest", "LaneRoutes", "LaneStream", "from_aiohttp"]
 
 log = logging.getLogger("interceptor.lane")
 
@@ -60,9 +62,42 @@ class LaneRequest:
     headers: CIMultiDictProxy[str]
     body: bytes
     match_info: dict[str, str] = field(default_factory=dict)
+    _connection: _LaneConnection | None = field(default=None, repr=False)
 
     async def read(self) -> bytes:
         return self.body
+
+    async def open_stream(self, status: int, headers: Mapping[str, str]) -> LaneStream:
+        """Send the status and headers of an answer whose body follows in pieces (chunked): a handler that uses
+        this answers through the stream and returns it, finished."""
+        return self._connection.open_stream(status, headers)
+
+
+class LaneStream:
+    """An answer sent in pieces. Its head goes out with the first piece; a write to a client that is gone raises
+    ConnectionResetError, as aiohttp's does."""
+
+    __slots__ = ("_connection", "_pending", "finished")
+
+    def __init__(self, connection: _LaneConnection, head: bytes) -> None:
+        self._connection = connection
+        self._pending = head
+        self.finished = False
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            self._send(b"%x\r\n%s\r\n" % (len(data), data))
+
+    async def write_eof(self) -> None:
+        self._send(b"0\r\n\r\n")
+        self.finished = True
+
+    def _send(self, data: bytes) -> None:
+        transport = self._connection.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        transport.write(self._pending + data)
+        self._pending = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +109,7 @@ class LaneReply:
     on_sent: Callable[[], None] | None = None  # called once the answer is handed to the socket
 
 
-Handler = Callable[[LaneRequest], Awaitable[LaneReply | None]]
+Handler = Callable[[LaneRequest], Awaitable[LaneReply | LaneStream]]
 Take = Callable[[str, str], tuple[Handler, dict[str, str]] | None]  # (method, path) -> (handler, path parameters)
 OnError = Callable[[LaneRequest, Exception], LaneReply]
 
@@ -178,7 +213,7 @@ class Lane:
 
 
 class _LaneConnection(asyncio.Protocol):
-    __slots__ = ("lane", "transport", "buffer", "consumed", "task", "paused", "idle", "closing", "eof")
+    __slots__ = ("lane", "transport", "buffer", "consumed", "task", "stream", "paused", "idle", "closing", "eof")
 
     def __init__(self, lane: Lane) -> None:
         self.lane = lane
@@ -186,6 +221,7 @@ class _LaneConnection(asyncio.Protocol):
         self.buffer = bytearray()
         self.consumed = 0  # the buffer's bytes that are the request in hand
         self.task: asyncio.Task | None = None  # the request in hand
+        self.stream: LaneStream | None = None  # its answer, when it is sent in pieces
         self.paused = False  # reading paused: the client sent far ahead of the request in hand
         self.idle: asyncio.TimerHandle | None = None
         self.closing = False  # answer this request, then close (Connection: close, or the client's EOF)
@@ -238,7 +274,7 @@ class _LaneConnection(asyncio.Protocol):
         method, path, headers, length, handler, params = parsed
         if len(buffer) < end + 4 + length:
             return  # the body is still coming
-        request = LaneRequest(method, path, headers, bytes(buffer[end + 4:end + 4 + length]), params)
+        request = LaneRequest(method, path, headers, bytes(buffer[end + 4:end + 4 + length]), params, self)
         self._disarm_idle()
         self.consumed = end + 4 + length
         self.task = asyncio.get_running_loop().create_task(self._serve(handler, request))
@@ -271,23 +307,28 @@ class _LaneConnection(asyncio.Protocol):
         return method, path, CIMultiDictProxy(headers), length, *taken
 
     async def _serve(self, handler: Handler, request: LaneRequest) -> None:
-        """Answer one request, the buffer's first `consumed` bytes (the buffer is left whole until it is answered,
-        so a handler that declines hands aiohttp every byte, pipelined ones included)."""
+        """Answer one request, the buffer's first `consumed` bytes."""
+        self.stream = None
         try:
             try:
                 reply = await handler(request)
-            except Exception as exc:
-                reply = self.lane._on_error(request, exc)
-            if reply is None:  # the handler declined before doing anything: aiohttp reads the request afresh
-                self.task = None
-                self._hand_over()
+            except ConnectionError:  # the client went away while its answer was being sent
+                self.close()
                 return
-            self._write(reply)
-        except Exception:  # a defect in the lane itself: the connection cannot be trusted to be in step
+            except Exception as exc:
+                if self.stream is not None:
+                    raise  # the head is out: the error cannot be the answer
+                reply = self.lane._on_error(request, exc)
+            if self.stream is None:
+                self._write(reply)
+            elif not self.stream.finished:
+                raise RuntimeError("a streamed answer was left unfinished")
+        except Exception:  # a defect: the connection cannot be trusted to be in step
             log.exception("the fast lane failed on %s %s", request.method, request.path)
             self.close()
             return
-        self.task = None
+        finally:
+            self.task = None
         self.lane.served += 1
         if self.transport is None:
             return
@@ -302,6 +343,17 @@ class _LaneConnection(asyncio.Protocol):
         self._arm_idle()
         if self.buffer:
             self._next()
+
+    def open_stream(self, status: int, headers: Mapping[str, str]) -> LaneStream:
+        head = [b"HTTP/1.1 %d %s\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n"
+                % (status, _REASONS.get(status, b"Status"), self.lane._date())]
+        for name, value in headers.items():
+            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        if self.closing:
+            head.append(b"Connection: close\r\n")
+        head.append(b"\r\n")
+        self.stream = LaneStream(self, b"".join(head))
+        return self.stream
 
     def _write(self, reply: LaneReply) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
@@ -25,32 +25,46 @@ from .rollouts import TurnResult
 if TYPE_CHECKING:
     from .dialects import StreamShape
 
-__all__ = ["stream_turn", "SSE_HEADERS"]
+__all__ = ["EventWriter", "SSE_HEADERS", "open_aiohttp_stream", "stream_turn"]
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+class EventWriter(Protocol):
+    """Where a stream's events go: aiohttp's `StreamResponse`, or the fast lane's `LaneStream`."""
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def write_eof(self) -> None: ...
+
+
+async def open_aiohttp_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await response.prepare(request)
+    return response
+
+
 async def stream_turn(
-    request: web.Request,
+    open_stream: Callable[[], Awaitable[EventWriter]],
     turn: Awaitable[TurnResult],
     shape: StreamShape,
     *,
     hold_s: float,
     keepalive_s: float,
     on_delivered: Callable[[], None],
-) -> web.StreamResponse:
-    """Answer one streamed turn in `shape`'s events (a dialect's)."""
+) -> EventWriter:
+    """Answer one streamed turn in `shape`'s events (a dialect's); `open_stream` sends the status and headers."""
     task = asyncio.ensure_future(turn)
     try:
         done, _ = await asyncio.wait({task}, timeout=hold_s)
         if done:
             result = task.result()  # raises ApiError before any header is sent: a plain error response
-            response = await _open(request)
+            response = await open_stream()
             await response.write(shape.events(result, opened=False))
             await response.write_eof()
             on_delivered()
             return response
-        response = await _open(request)
+        response = await open_stream()
         await response.write(shape.opening())
         while True:
             done, _ = await asyncio.wait({task}, timeout=keepalive_s)
@@ -76,12 +90,6 @@ async def stream_turn(
         if task.done() and not task.cancelled():
             with contextlib.suppress(Exception):
                 task.exception()
-
-
-async def _open(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers=SSE_HEADERS)
-    await response.prepare(request)
-    return response
 
 
 def _consume(task: asyncio.Future) -> None:

@@ -2,7 +2,7 @@
 
     turns = Turns(server)
     app.router.add_post(".../chat/completions", turns.aiohttp_handler(CHAT))    # every turn, streamed or not
-    lane_routes.add("POST", ".../chat/completions", turns.lane_handler(CHAT))   # the gate's turns in one piece
+    lane_routes.add("POST", ".../chat/completions", turns.lane_handler(CHAT))   # the gate's turns
 
 A turn is read through the rollout's body cache (only what follows the history it shares with a recent body is
 parsed), then relayed (black_box) or run by the gate (`gate.run_turn`) and answered in one piece or as events. The
@@ -27,12 +27,12 @@ from .dialects import Dialect, error_for
 from .errors import error_answer, json_response
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, run_turn
 from .incoming import read_request, unseen_part
-from .lane import LaneReply, LaneRequest
+from .lane import LaneReply, LaneRequest, LaneStream
 from .protocol import ChatRequest, ensure_serialisable
 from .relay import relay_turn
 from .relay_dialects import relay_shape_for
 from .rollouts import Rollout, TurnResult
-from .streaming import stream_turn
+from .streaming import SSE_HEADERS, open_aiohttp_stream, stream_turn
 
 if TYPE_CHECKING:
     from .server import InterceptionServer
@@ -47,7 +47,7 @@ class Turns:
     def aiohttp_handler(self, dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         return functools.partial(self._turn, dialect=dialect)
 
-    def lane_handler(self, dialect: Dialect) -> Callable[[LaneRequest], Awaitable[LaneReply | None]]:
+    def lane_handler(self, dialect: Dialect) -> Callable[[LaneRequest], Awaitable[LaneReply | LaneStream]]:
         return functools.partial(self._lane_turn, dialect=dialect)
 
     # ------------------------------------------------------------------------------------------- aiohttp
@@ -66,7 +66,8 @@ class Turns:
             turn, delivered = self._run(rollout, parsed, chat, raw=raw, sdk_retry=_sdk_retry(request))
             model = server.config.served_model_name
             if chat.stream:
-                return await stream_turn(request, turn, dialect.stream(chat, model=model),
+                return await stream_turn(functools.partial(open_aiohttp_stream, request), turn,
+                                         dialect.stream(chat, model=model),
                                          hold_s=server.config.stream_hold_s, keepalive_s=server.config.keepalive_s,
                                          on_delivered=delivered)
             response = json_response(dialect.reply(await turn, chat, model=model))
@@ -77,20 +78,21 @@ class Turns:
 
     # ----------------------------------------------------------------------------------------- fast lane
 
-    async def _lane_turn(self, request: LaneRequest, *, dialect: Dialect) -> LaneReply | None:
-        """A gate turn answered in one piece, as `_turn` answers it; None (a streamed turn) hands it to aiohttp."""
-        raw = request.body
-        if b'"stream"' in raw:  # it may ask for events, which aiohttp's path writes: declined before any work
-            return None
+    async def _lane_turn(self, request: LaneRequest, *, dialect: Dialect) -> LaneReply | LaneStream:
+        """A gate turn, answered as `_turn` answers it: in one piece, or as events."""
         server = self._server
         rollout = server.authorize(request, dialect=dialect)
-        cache, parsed, chat = await self._parse(rollout, dialect, raw)
-        if chat.stream:  # "stream" spelt with escapes: still nothing done but reading
-            return None
+        raw = request.body
         with self._in_flight(rollout, dialect):
+            cache, parsed, chat = await self._parse(rollout, dialect, raw)
             self._keep(rollout, cache, parsed, chat)
             turn, delivered = self._run(rollout, parsed, chat, raw=raw, sdk_retry=_sdk_retry(request))
-            body = dialect.reply(await turn, chat, model=server.config.served_model_name)
+            model = server.config.served_model_name
+            if chat.stream:
+                return await stream_turn(functools.partial(request.open_stream, 200, SSE_HEADERS), turn,
+                                         dialect.stream(chat, model=model), hold_s=server.config.stream_hold_s,
+                                         keepalive_s=server.config.keepalive_s, on_delivered=delivered)
+            body = dialect.reply(await turn, chat, model=model)
         return LaneReply(200, orjson.dumps(body), on_sent=delivered)
 
     # ------------------------------------------------------------------------------------------ the turn
@@ -106,7 +108,7 @@ class Turns:
             rollout.last_activity = time.monotonic()
 
     async def _parse(self, rollout: Rollout, dialect: Dialect, raw: bytes) -> tuple[BodyCache, ParsedBody, ChatRequest]:
-        """The body read through the rollout's cache; nothing is kept yet (`_keep`)."""
+        """The body read through the rollout's cache, which keeps it once the dialect accepted it (`_keep`)."""
         cache = rollout.body_cache(dialect.name, dialect.history_key)
         relayed = self._server.policy is None
         if len(raw) > PARSE_OFF_LOOP_BYTES and not cache.extends_recent(raw):

@@ -1,5 +1,5 @@
-"""The fast lane (`interceptor/lane.py`): the gate's non-streamed turns and the JSON routes are answered off the
-socket, every other request by aiohttp as before, and a client cannot tell the two apart.
+"""The fast lane (`interceptor/lane.py`): the gate's turns (streamed or not) and the JSON routes are answered off
+the socket, every other request by aiohttp as before, and a client cannot tell the two apart.
 
 Each test runs real servers on loopback over the scripted upstream: one with the lane and, where the two are
 compared, one without (`fast_lane=False`), and talks to them with aiohttp's client or raw HTTP/1.1 bytes.
@@ -25,7 +25,7 @@ from tests.fakes import Fault, Slow
 ADMIN = "admin-token-for-lane-tests"
 
 
-def _config(scripted, model_dir, tmp_path, *, fast_lane: bool) -> ServerConfig:
+def _config(scripted, model_dir, tmp_path, *, fast_lane: bool, **options) -> ServerConfig:
     return ServerConfig(
         upstream=UpstreamConfig(base_url=scripted.url, attempts=1, request_timeout_s=5.0),
         model_dir=model_dir,
@@ -33,6 +33,7 @@ def _config(scripted, model_dir, tmp_path, *, fast_lane: bool) -> ServerConfig:
         record_path=tmp_path / f"rollouts-{'lane' if fast_lane else 'aiohttp'}.jsonl",
         max_body_bytes=64 * 1024,
         fast_lane=fast_lane,
+        **options,
     )
 
 
@@ -137,24 +138,79 @@ async def test_non_streamed_turns_go_through_the_lane_and_the_upstream_sees_the_
     assert plain.lane is None
 
 
-async def test_a_streamed_turn_hands_the_connection_to_aiohttp_and_its_later_turns_are_still_answered(server):
+async def _sse_turns(server, connection_limit: int = 1, **config) -> list[tuple[int, bytes]]:
     handle = server.open_rollout()
-    connector = aiohttp.TCPConnector(limit=1)  # one connection for every call
+    connector = aiohttp.TCPConnector(limit=connection_limit)  # one connection for every call
+    answers = []
     async with aiohttp.ClientSession(connector=connector, headers={"Authorization": f"Bearer {handle.secret}"}) as http:
-        async def turn(**extra) -> tuple[int, bytes]:
+        for extra in ({}, {"stream": True}, {}):
             async with http.post(handle.base_url + "/chat/completions",
                                  json={"model": "policy", "messages": [{"role": "user", "content": "hi"}], **extra}) as resp:
-                return resp.status, await resp.read()
-
-        first = await turn()
-        streamed = await turn(stream=True)
-        after = await turn()
-    assert first[0] == streamed[0] == after[0] == 200
-    assert b"data: [DONE]" in streamed[1] and b'"chat.completion.chunk"' in streamed[1]
-    assert orjson.loads(after[1])["choices"][0]["message"]["role"] == "assistant"
-    assert server.lane.served == 1  # the first turn; the streamed one and the one after it were aiohttp's
-    assert server.lane.handed_over == 1
+                answers.append((resp.status, await resp.read()))
     assert len(server.registry.get(handle.id).trace) == 3
+    return answers
+
+
+def _events(body: bytes) -> list[object]:
+    """The stream's data events without their ids and times, and its comment lines (keepalives) as '#'."""
+    events = []
+    for line in body.decode().split("\n"):
+        if line.startswith(":"):
+            events.append("#")
+        elif line.startswith("data: "):
+            data = line[6:]
+            if data == "[DONE]":
+                events.append(data)
+            else:
+                event = orjson.loads(data)
+                events.append({k: v for k, v in event.items() if k not in ("id", "created")})
+    return events
+
+
+async def test_a_streamed_turn_is_answered_by_the_lane_as_aiohttp_answers_it(servers):
+    lane, plain = servers
+    with_lane, without = await _sse_turns(lane), await _sse_turns(plain)
+    assert [status for status, _ in with_lane] == [200, 200, 200]
+    assert _events(with_lane[1][1]) == _events(without[1][1])
+    assert _events(with_lane[1][1])[-1] == "[DONE]"
+    assert lane.lane.served == 3 and lane.lane.handed_over == 0
+
+
+async def test_a_stream_that_outlasts_its_hold_sends_keepalives_then_the_answer(scripted, tiny_model_dir, tmp_path):
+    events = {}
+    for fast_lane in (True, False):
+        async with InterceptionServer(_config(scripted, tiny_model_dir, tmp_path, fast_lane=fast_lane,
+                                              stream_hold_s=0.05, keepalive_s=0.05)) as server:
+            scripted.script(Slow("a slow answer", delay_s=0.5))
+            handle = server.open_rollout()
+            [(status, headers, body)], _ = await _exchange(server._port, _request(
+                _turn_path(handle), _chat(stream=True), {"Authorization": f"Bearer {handle.secret}"}))
+            assert status == 200 and headers["transfer-encoding"] == "chunked"
+            events[fast_lane] = _events(body)
+    for got in events.values():
+        assert "#" in got and got[-1] == "[DONE]"
+        assert b"a slow answer" in orjson.dumps(got)
+    assert [e for e in events[True] if e != "#"] == [e for e in events[False] if e != "#"]
+
+
+async def test_a_client_that_hangs_up_mid_stream_leaves_its_turn_recorded_and_the_lane_serving(
+        scripted, tiny_model_dir, tmp_path, caplog):
+    config = _config(scripted, tiny_model_dir, tmp_path, fast_lane=True, stream_hold_s=0.05, keepalive_s=0.05)
+    async with InterceptionServer(config) as server:
+        scripted.script(Slow("never read", delay_s=0.4))
+        handle = server.open_rollout()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server._port)
+        writer.write(_request(_turn_path(handle), _chat(stream=True), {"Authorization": f"Bearer {handle.secret}"}))
+        await reader.readuntil(b"\r\n\r\n")  # the head: the hold is over, keepalives are coming
+        writer.transport.abort()
+        rollout = server.registry.get(handle.id)
+        async with asyncio.timeout(30):
+            while not rollout.trace:
+                await asyncio.sleep(0.02)
+        [(status, _, _)], _ = await _exchange(server._port, _request(
+            _turn_path(handle), _chat("again"), {"Authorization": f"Bearer {handle.secret}"}))
+    assert status == 200
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
 def _unread_by_lane(secret: str, path: str) -> dict[str, bytes]:
