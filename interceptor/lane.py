@@ -49,6 +49,8 @@ log = logging.getLogger("interceptor.lane")
 
 _MAX_HEAD = 64 * 1024  # request line and headers; a longer head is aiohttp's to refuse
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110's token)
+_TARGET = re.compile(rb"/[!$&'()*+,\-./0-9:;=@A-Z_a-z~]*")  # an origin-form path, no query, escape or control byte
+_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")  # a header value: no control bytes but tab
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus} | {529: b"Overloaded"}  # 529: Anthropic's
 _REFUSED = frozenset(("transfer-encoding", "expect", "upgrade", "content-encoding"))  # aiohttp's to read
 
@@ -282,7 +284,7 @@ class _LaneConnection(asyncio.Protocol):
     def _read_head(self, head: bytes):
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
-        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or b"?" in parts[1]:
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not _TARGET.fullmatch(parts[1]):
             return None
         method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
         taken = self.lane._take(method, path)
@@ -291,9 +293,10 @@ class _LaneConnection(asyncio.Protocol):
         headers: CIMultiDict[str] = CIMultiDict()
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name):
-                return None  # folding, a space before the colon, no colon: aiohttp's to refuse
-            headers.add(name.decode("latin-1"), value.strip(b" \t").decode("latin-1"))
+            if not colon or not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
+                return None  # folding, a space before the colon, no colon, a control byte: aiohttp's to refuse
+            # decoded as aiohttp decodes it: UTF-8, with a byte that is not UTF-8 kept as a surrogate
+            headers.add(name.decode("ascii"), value.strip(b" \t").decode("utf-8", "surrogateescape"))
         if any(name in headers for name in _REFUSED):
             return None
         lengths = headers.getall("Content-Length", ())

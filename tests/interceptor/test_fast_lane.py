@@ -228,6 +228,8 @@ def _unread_by_lane(secret: str, path: str) -> dict[str, bytes]:
         "space before a colon": _request(path, body, {**auth, "X-Odd ": "1"}),
         "bad length": _request(path, body, {**auth, "Content-Length": "+12"}),
         "expect 100-continue": _request(path, body, {**auth, "Expect": "100-continue"}),
+        "an escape in the path": _request(path.replace("/v1/", "/%761/"), body, auth),
+        "a control byte in a header": _request(path, body, {**auth, "X-Odd": "a\x01b"}),
         "not a route of the lane": _request(path.replace("/chat/completions", "/embeddings"), body, auth),
     }
 
@@ -245,7 +247,7 @@ async def test_requests_the_lane_does_not_read_get_the_answer_aiohttp_gives_with
             results.setdefault(name, []).append((status, sorted(orjson.loads(body)) if body[:1] == b"{" else body[:0]))
     for name, (with_lane, without) in results.items():
         assert with_lane == without, name
-    assert results["gzip body"][0][0] == results["chunked body"][0][0] == 200
+    assert results["gzip body"][0][0] == results["chunked body"][0][0] == results["an escape in the path"][0][0] == 200
     assert results["body over the limit"][0][0] == 413
     assert lane.lane.served == 0 and lane.lane.handed_over == len(results)
 
@@ -273,6 +275,7 @@ async def test_errors_answered_by_the_lane_are_those_of_aiohttps_path(servers, s
         anthropic = f"/rollout/{handle.id}/v1/messages"
         cases = {
             "wrong secret": _request(_turn_path(handle), _chat(), {"Authorization": "Bearer nope"}),
+            "a secret that is not UTF-8": _request(_turn_path(handle), _chat(), {"Authorization": "Bearer \xe9t\xe9"}),
             "no secret, messages": _request(anthropic, b"{}", {}),
             "not JSON": _request(_turn_path(handle), b"{not json", {"Authorization": f"Bearer {handle.secret}"}),
             "unknown rollout": _request("/rollout/nosuchrollout/v1/chat/completions", _chat(), {}),
