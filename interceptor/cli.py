@@ -134,7 +134,7 @@ def _register_own(commands: CommandRegistry) -> None:
     )
     serve.add_argument(
         "--no-fast-lane", dest="fast_lane", action="store_false",
-        help="serve every request through aiohttp; by default the gate's non-streamed turns are read and answered "
+        help="serve every request through aiohttp; by default the gate's turns and the JSON routes are read and answered "
         "straight off the socket",
     )
     serve.add_argument("--host", default="127.0.0.1")

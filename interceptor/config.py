@@ -99,7 +99,7 @@ class ServerConfig:
     tiktoken_twin: bool = True  # ASCII text encoded by tiktoken where it gives the tokenizer's ids (bpe_twin.py)
     host: str = "127.0.0.1"
     port: int = 0
-    fast_lane: bool = True  # the gate's non-streamed turns served off the socket, the rest by aiohttp (lane.py)
+    fast_lane: bool = True  # the gate's turns and JSON routes served off the socket, the rest by aiohttp (lane.py)
     public_host: str | None = None  # the host agents use in their base URL, when not `host`
     admin_token: str | None = field(default=None, repr=False)  # guards /rollouts; None: no HTTP admin API
     # JSON Lines file; every finished rollout is appended and fsynced. Live rollouts are journaled beside it

@@ -1,6 +1,6 @@
 """The fast lane: the requests the server routes to it are answered straight off the socket; aiohttp serves the rest.
 
-    routes = LaneRoutes()
+    routes = LaneRoutes()                                                   # lane_routes.py
     routes.add("POST", "/rollouts/{rid}/finish", from_aiohttp(finish))     # an aiohttp handler that answers JSON
     lane = await Lane.start(runner.server, host="127.0.0.1", port=0, take=routes.take, on_error=answer_error,
                             max_body_bytes=16 << 20)                        # runner.server: aiohttp's protocols
@@ -43,7 +43,7 @@ from http import HTTPStatus
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["Lane", "LaneReply", "LaneRequest", "LaneRoutes", "LaneStream", "from_aiohttp"]
+__all__ = ["Handler", "Lane", "LaneReply", "LaneRequest", "LaneStream"]
 
 log = logging.getLogger("interceptor.lane")
 
@@ -114,42 +114,6 @@ class LaneReply:
 Handler = Callable[[LaneRequest], Awaitable[LaneReply | LaneStream]]
 Take = Callable[[str, str], tuple[Handler, dict[str, str]] | None]  # (method, path) -> (handler, path parameters)
 OnError = Callable[[LaneRequest, Exception], LaneReply]
-
-
-def from_aiohttp(handler: Callable[[LaneRequest], Awaitable[object]]) -> Handler:
-    """An aiohttp handler served by the lane: one that reads only the request's headers, path parameters and body,
-    and answers an `aiohttp.web.Response` whose body is bytes (the server's JSON routes)."""
-
-    async def serve(request: LaneRequest) -> LaneReply:
-        response = await handler(request)
-        if not isinstance(response.body, bytes):
-            raise TypeError(f"{request.method} {request.path}: the lane sends bytes bodies, not {type(response.body)}")
-        headers = response.headers
-        extra = tuple((k, v) for k, v in headers.items() if k.lower() not in ("content-type", "content-length"))
-        return LaneReply(response.status, response.body, headers.get("Content-Type", "application/octet-stream"),
-                         extra)
-
-    return serve
-
-
-class LaneRoutes:
-    """The routes the lane serves, as aiohttp spells them (`/rollouts/{rid}/finish`); its `take` is `Lane`'s.
-
-    A `{name}` matches letters, digits, `-` and `_` only (the server's ids): a path with anything else (an escape,
-    a dot) is aiohttp's, which reads it as it always has."""
-
-    def __init__(self) -> None:
-        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
-
-    def add(self, method: str, path: str, handler: Handler) -> None:
-        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[A-Za-z0-9_-]+)", re.escape(path))
-        self._routes.append((method, re.compile(pattern), handler))
-
-    def take(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
-        for route_method, pattern, handler in self._routes:
-            if route_method == method and (match := pattern.fullmatch(path)) is not None:
-                return handler, match.groupdict()
-        return None
 
 
 class _Date:

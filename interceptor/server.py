@@ -11,12 +11,12 @@ Routes (per rollout, behind `Authorization: Bearer <secret>`):
     POST /rollout/{id}/v1/tools/{name}        host tools; `answer` records the submission for the grader
 Admin (behind the admin token): POST /rollouts, GET /rollouts/{id}, POST /rollouts/{id}/finish. And GET /health.
 
-The listening socket is the fast lane's (`lane.py`): it answers the gate's non-streamed turns (`turns.py`) and the
-JSON routes itself and hands every other connection to aiohttp (`config.fast_lane=False`: aiohttp serves all).
-Errors are answered in the client's shape in one place (`errors.error_answer`, for the middleware and the lane);
-input never causes a 500. The server owns "no reward
-after a fault": a rollout whose last chat call failed upstream is finished `failed` (cause `upstream`) whatever
-the driver asks, unless the driver says why it accepts it (`accept_upstream_failures`). With a record file, every
+The listening socket is the fast lane's (`lane.py`): it answers the gate's turns (`turns.py`), streamed or not,
+and the JSON routes itself, and hands every other connection to aiohttp (`config.fast_lane=False`: aiohttp serves
+all). Errors are answered in the client's shape in one place (`errors.error_answer`, for the middleware and the
+lane); input never causes a 500. The server owns "no reward after a fault": a rollout whose last chat call failed
+upstream is finished `failed` (cause `upstream`) whatever the driver asks, unless the driver says why it accepts it
+(`accept_upstream_failures`). With a record file, every
 committed turn is journaled: a crash or a shutdown leaves the live rollouts as `interrupted` records.
 """
 
@@ -39,7 +39,8 @@ from .dialects.messages import MESSAGES
 from .dialects.responses import RESPONSES
 from .errors import ConfigError, Conflict, errors_middleware_for, json_response
 from .gate import Policy
-from .lane import Lane, LaneRequest, LaneRoutes, from_aiohttp
+from .lane import Lane, LaneRequest
+from .lane_routes import LaneRoutes, from_aiohttp
 from .journal import Journal, journal_segments, recover_journal
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
@@ -133,7 +134,7 @@ class InterceptionServer:
         # Shutdown, in this order: stop taking requests (in-flight ones get the grace), then write every rollout
         # still live as `interrupted`, then close the journal (exit stack callbacks run in reverse).
         self._stack.push_async_callback(runner.cleanup)
-        if self.config.fast_lane:  # the gate's non-streamed turns and the JSON routes off the socket, the rest aiohttp's
+        if self.config.fast_lane:  # the gate's turns and the JSON routes off the socket, the rest aiohttp's
             self.lane = await Lane.start(runner.server, host=self.config.host, port=self.config.port,
                                          take=self._lane_routes(app, turns).take, on_error=lane_error,
                                          max_body_bytes=self.config.max_body_bytes)
@@ -147,7 +148,7 @@ class InterceptionServer:
 
     def _lane_routes(self, app: web.Application, turns: Turns) -> LaneRoutes:
         """What the fast lane answers (`lane.py`): the gate's turns, and the routes that answer JSON in one piece.
-        Streamed and black_box turns, /metrics and mounted pages stay with aiohttp."""
+        black_box turns (the relay streams the upstream's events), /metrics and mounted pages stay with aiohttp."""
         routes = LaneRoutes()
         for route in app.router.routes():
             path = route.resource.canonical if route.resource is not None else None

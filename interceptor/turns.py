@@ -17,7 +17,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 from aiohttp import web
@@ -32,7 +32,7 @@ from .protocol import ChatRequest, ensure_serialisable
 from .relay import relay_turn
 from .relay_dialects import relay_shape_for
 from .rollouts import Rollout, TurnResult
-from .streaming import SSE_HEADERS, open_aiohttp_stream, stream_turn
+from .streaming import SSE_HEADERS, EventWriter, open_aiohttp_stream, stream_turn
 
 if TYPE_CHECKING:
     from .server import InterceptionServer
@@ -57,45 +57,52 @@ class Turns:
         rollout = server.authorize(request, dialect=dialect)
         with self._in_flight(rollout, dialect):
             raw = await request.read()
-            cache, parsed, chat = await self._parse(rollout, dialect, raw)
-            self._keep(rollout, cache, parsed, chat)
             if server.policy is None:
-                ensure_serialisable(unseen_part(parsed, dialect.history_key), "body")  # it is recorded: it must serialise
-                return await relay_turn(request, server.replicas, rollout, raw, parsed.body, chat,
-                                        shape=relay_shape_for(dialect.name), journal=server.journal)
-            turn, delivered = self._run(rollout, parsed, chat, raw=raw, sdk_retry=_sdk_retry(request))
-            model = server.config.served_model_name
-            if chat.stream:
-                return await stream_turn(functools.partial(open_aiohttp_stream, request), turn,
-                                         dialect.stream(chat, model=model),
-                                         hold_s=server.config.stream_hold_s, keepalive_s=server.config.keepalive_s,
-                                         on_delivered=delivered)
-            response = json_response(dialect.reply(await turn, chat, model=model))
+                return await self._relay(request, rollout, dialect, raw)
+            answer = await self._gate(request, rollout, dialect, raw, functools.partial(open_aiohttp_stream, request))
+            if not isinstance(answer, _Reply):
+                return answer  # the stream, finished
+            response = json_response(answer.body)
             await response.prepare(request)
             await response.write_eof()
-            delivered()
+            answer.delivered()
             return response
+
+    async def _relay(self, request: web.Request, rollout: Rollout, dialect: Dialect, raw: bytes) -> web.StreamResponse:
+        cache, parsed, chat = await self._parse(rollout, dialect, raw)
+        self._keep(rollout, cache, parsed, chat)
+        ensure_serialisable(unseen_part(parsed, dialect.history_key), "body")  # it is recorded: it must serialise
+        return await relay_turn(request, self._server.replicas, rollout, raw, parsed.body, chat,
+                                shape=relay_shape_for(dialect.name), journal=self._server.journal)
 
     # ----------------------------------------------------------------------------------------- fast lane
 
     async def _lane_turn(self, request: LaneRequest, *, dialect: Dialect) -> LaneReply | LaneStream:
         """A gate turn, answered as `_turn` answers it: in one piece, or as events."""
-        server = self._server
-        rollout = server.authorize(request, dialect=dialect)
-        raw = request.body
+        rollout = self._server.authorize(request, dialect=dialect)
         with self._in_flight(rollout, dialect):
-            cache, parsed, chat = await self._parse(rollout, dialect, raw)
-            self._keep(rollout, cache, parsed, chat)
-            turn, delivered = self._run(rollout, parsed, chat, raw=raw, sdk_retry=_sdk_retry(request))
-            model = server.config.served_model_name
-            if chat.stream:
-                return await stream_turn(functools.partial(request.open_stream, 200, SSE_HEADERS), turn,
-                                         dialect.stream(chat, model=model), hold_s=server.config.stream_hold_s,
-                                         keepalive_s=server.config.keepalive_s, on_delivered=delivered)
-            body = dialect.reply(await turn, chat, model=model)
-        return LaneReply(200, orjson.dumps(body), on_sent=delivered)
+            answer = await self._gate(request, rollout, dialect, request.body,
+                                      functools.partial(request.open_stream, 200, SSE_HEADERS))
+        if not isinstance(answer, _Reply):
+            return answer
+        return LaneReply(200, orjson.dumps(answer.body), on_sent=answer.delivered)
 
     # ------------------------------------------------------------------------------------------ the turn
+
+    async def _gate(self, request: web.Request | LaneRequest, rollout: Rollout, dialect: Dialect, raw: bytes,
+                    open_stream: Callable[[], Awaitable[EventWriter]]) -> _Reply | EventWriter:
+        """The gate's answer to a turn: its reply (to be sent in one piece), or its events, sent through
+        `open_stream` (the writer is returned finished)."""
+        server = self._server
+        cache, parsed, chat = await self._parse(rollout, dialect, raw)
+        self._keep(rollout, cache, parsed, chat)
+        turn, delivered = self._run(rollout, parsed, chat, raw=raw, sdk_retry=_sdk_retry(request))
+        model = server.config.served_model_name
+        if chat.stream:
+            return await stream_turn(open_stream, turn, dialect.stream(chat, model=model),
+                                     hold_s=server.config.stream_hold_s, keepalive_s=server.config.keepalive_s,
+                                     on_delivered=delivered)
+        return _Reply(dialect.reply(await turn, chat, model=model), delivered)
 
     @contextmanager
     def _in_flight(self, rollout: Rollout, dialect: Dialect) -> Iterator[None]:
@@ -137,6 +144,11 @@ class Turns:
                 attempts.delivered = True
 
         return turn, delivered
+
+
+class _Reply(NamedTuple):
+    body: dict
+    delivered: Callable[[], None]  # marks the turn's answer delivered, once it is handed to the socket
 
 
 def lane_error(request: LaneRequest, error: Exception) -> LaneReply:

@@ -18,7 +18,8 @@ import pytest
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.cli import _build_parser
-from interceptor.lane import Lane, LaneReply, LaneRoutes
+from interceptor.lane import Lane, LaneReply
+from interceptor.lane_routes import LaneRoutes
 from interceptor.serve_main import config_from_args
 from tests.fakes import Fault, Slow
 
