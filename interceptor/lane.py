@@ -312,30 +312,28 @@ class _LaneConnection(asyncio.Protocol):
             self._next()
 
     def open_stream(self, status: int, headers: Mapping[str, str]) -> LaneStream:
-        head = [b"HTTP/1.1 %d %s\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n"
-                % (status, _REASONS.get(status, b"Status"), self.lane._date())]
-        for name, value in headers.items():
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        if self.closing:
-            head.append(b"Connection: close\r\n")
-        head.append(b"\r\n")
-        self.stream = LaneStream(self, b"".join(head))
+        self.stream = LaneStream(self, self._head(status, b"Transfer-Encoding: chunked\r\n", headers.items()))
         return self.stream
 
     def _write(self, reply: LaneReply) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        head = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n"
-                % (reply.status, _REASONS.get(reply.status, b"Status"), reply.content_type.encode("latin-1"),
-                   len(reply.body), self.lane._date())]
-        for name, value in reply.headers:
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        framing = b"Content-Type: %s\r\nContent-Length: %d\r\n" % (reply.content_type.encode("latin-1"),
+                                                                      len(reply.body))
+        self.transport.write(self._head(reply.status, framing, reply.headers) + reply.body)
+        if reply.on_sent is not None:
+            reply.on_sent()
+
+    def _head(self, status: int, framing: bytes, headers) -> bytes:
+        """An answer's status line and headers: `framing` (how its body is delimited), Date, `headers`, and
+        Connection: close when the connection ends after it."""
+        head = [b"HTTP/1.1 %d %s\r\n%sDate: %s\r\n"
+                % (status, _REASONS.get(status, b"Status"), framing, self.lane._date())]
+        head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers]
         if self.closing:
             head.append(b"Connection: close\r\n")
         head.append(b"\r\n")
-        self.transport.write(b"".join(head) + reply.body)
-        if reply.on_sent is not None:
-            reply.on_sent()
+        return b"".join(head)
 
     # ---------------------------------------------------------------------------------- hand-over, idling
 
