@@ -118,6 +118,8 @@ async def run_turn(
         raise
     rollout.trailing_upstream_failures = 0
     future.set_result(result)
+    # Readied for the next turn once this answer is out: the fast lane writes it before the loop runs callbacks.
+    asyncio.get_running_loop().call_soon(rollout.trajectory.prepare_next, plan.branch, request.tools)
     if policy.observe_turn is not None:
         policy.observe_turn(result)
     return result

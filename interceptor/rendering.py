@@ -176,26 +176,35 @@ class Renderer:
     def render_full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, generation_prompt=True), shared=True)
 
+    def closing_turns(self, *, system: dict | None, last_assistant: dict, tools: list[dict] | None) -> int:
+        """How many end-of-turn tokens the template renders up to and including `last_assistant`'s, in the small
+        context `render_suffix` renders it in. It depends only on these three, so the gate works it out for the
+        message it returned once the answer is out (`Trajectory.prepare_next`), off the next turn's path."""
+        context = ([system] if system else []) + [_PLACEHOLDER_USER, last_assistant]
+        return self.render_text(context, tools, generation_prompt=False).count(self.end_of_turn_text)
+
     def render_suffix(
-        self, *, system: dict | None, last_assistant: dict, new_messages: list[dict], tools: list[dict] | None
+        self, *, system: dict | None, last_assistant: dict, new_messages: list[dict], tools: list[dict] | None,
+        closing_turns: int | None = None,
     ) -> list[int] | None:
         """Ids that follow `last_assistant`'s end-of-turn token: the template's separator, the new messages and
         the generation prompt. None when the template renders no end-of-turn token for that turn.
+        `closing_turns`: `self.closing_turns(...)` of these same arguments, when the caller has it already.
 
         How the template would re-render the assistant turn itself (Qwen3 drops earlier reasoning) does not
         matter: the recorded sample keeps the ids the model sampled, and the suffix starts after them.
         """
+        if closing_turns is None:
+            closing_turns = self.closing_turns(system=system, last_assistant=last_assistant, tools=tools)
+        if closing_turns == 0:
+            return None
         context = ([system] if system else []) + [_PLACEHOLDER_USER, last_assistant]
-        before = self.render_text(context, tools, generation_prompt=False)
         after = self.render_text(context + new_messages, tools, generation_prompt=True)
-        turns = before.count(self.end_of_turn_text)
         end = -1
-        for _ in range(turns):
+        for _ in range(closing_turns):
             end = after.find(self.end_of_turn_text, end + 1)
             if end < 0:
                 return None
-        if turns == 0:
-            return None
         return self.encode(after[end + len(self.end_of_turn_text):])
 
     def decode(self, ids: list[int]) -> str:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from .branch_record import BranchRecord, build_samples
-from .protocol import tools_key
+from .errors import BadRequest
+from .protocol import normalize_messages, tools_key
 from .records import Generation, SampleRecord, TurnRecord
 from .rendering import Renderer
 
@@ -49,6 +50,7 @@ class _Branch(BranchRecord):
     open_turn: bool = False  # the last turn ended without an end-of-turn token (cut by length)
     busy: bool = False
     journaled: bool = False  # its first commit (which says where it came from) has been handed out
+    closing: tuple[dict, int] | None = None  # its last message, normalised, and `Renderer.closing_turns` of it
 
     def copy(self, number: int, reason: str) -> _Branch:
         return _Branch(
@@ -66,6 +68,7 @@ class _Branch(BranchRecord):
             tools_key=self.tools_key,
             origin=(self.number, self.length),
             open_turn=self.open_turn,
+            closing=self.closing,
         )
 
 
@@ -156,11 +159,15 @@ class Trajectory:
             if any(m["role"] == "assistant" for m in messages[n:]):
                 reason = "the new messages hold an assistant turn this server did not generate"
                 continue
+            last = messages[n - 1]
+            closing = branch.closing
             suffix = self._renderer.render_suffix(
                 system=system,
-                last_assistant=messages[n - 1],
+                last_assistant=last,
                 new_messages=messages[n:],
                 tools=tools,
+                # worked out for the message this server returned; the agent's copy is usually equal to it
+                closing_turns=closing[1] if closing is not None and closing[0] == last else None,
             )
             if suffix is None:
                 reason = "the chat template closes no turn after the assistant message"
@@ -236,6 +243,21 @@ class Trajectory:
         if first:
             delta.update(o=branch.origin, fr=branch.fork_reason, tk=branch.tools_digest, sk=branch.system_digest)
         return delta
+
+    def prepare_next(self, branch: _Branch, tools: list[dict] | None) -> None:
+        """What the next turn on `branch` renders whatever its new messages are, worked out now (the gate calls
+        this once a turn's answer is out, while the agent runs its tools): how many end-of-turn tokens the template
+        renders through the branch's last assistant message. The next `extend` uses it when the agent sends that
+        message back unchanged; otherwise it renders it itself, as without this. `tools`: those of the turn just
+        committed on it (the branch's tools)."""
+        if branch.busy or not branch.messages:
+            return  # a turn on it already started
+        try:  # as the agent's copy will read once normalised (an answer's `"content": null` comes back as "")
+            last = normalize_messages([branch.messages[-1]])[0]
+            turns = self._renderer.closing_turns(system=branch.system, last_assistant=last, tools=tools)
+        except BadRequest:
+            return  # the template rejects it: the next turn's own render says so to its client
+        branch.closing = (last, turns)
 
     def release(self, plan: TurnPlan) -> None:
         """Give back a turn that produced nothing (upstream failure, overflow): the branch stays as it was."""
