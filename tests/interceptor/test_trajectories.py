@@ -13,6 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
+from interceptor.trajectory import Trajectory
 from tests.invariants import assert_token_exact
 
 TOOLS = [
@@ -222,3 +223,53 @@ async def test_malformed_tool_call_is_returned_as_text_and_flagged(server, rollo
     assert reply.choices[0].message.content == broken
     record = await server.finish_rollout(handle.id)
     assert record.samples[0].turns[0].malformed_tool_call
+
+
+async def _tool_loop_prompts(server, scripted, *, reserialise_from: int) -> tuple[list[list[int]], list[dict]]:
+    """A tool loop whose agent re-serialises the call's arguments from turn `reserialise_from` on (`{"cmd":"x"}`:
+    the same call, another dict); the prompts the policy saw and each assistant message `closing_turns` rendered."""
+    renderer = server.policy.renderer
+    rendered: list[dict] = []
+    closing_turns = renderer.closing_turns
+
+    def spy(**kwargs):
+        rendered.append(kwargs["last_assistant"])
+        return closing_turns(**kwargs)
+
+    renderer.closing_turns = spy
+    handle = server.open_rollout()
+    client = AsyncOpenAI(base_url=handle.base_url, api_key=handle.secret, max_retries=0)
+    scripted.script(*[call_text(f"echo {i}") for i in range(4)], "done")
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "run things"}]
+    for i in range(5):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        message = echo(reply.choices[0].message)
+        if i >= reserialise_from and message.get("tool_calls"):
+            function = message["tool_calls"][0]["function"]
+            function["arguments"] = function["arguments"].replace(": ", ":")
+        messages.append(message)
+        if reply.choices[0].message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": f"out {i}"})
+        await asyncio.sleep(0)  # the answer is out: what the next turn needs is readied now
+    record = await server.finish_rollout(handle.id)
+    assert len(record.samples) == 1 and len(record.samples[0].turns) == 5
+    assert_token_exact(record, scripted.calls)
+    return [c.prompt_ids for c in scripted.calls], rendered
+
+
+async def test_the_end_of_turn_count_readied_after_an_answer_serves_an_unchanged_echo_only(
+    scripted, tiny_model_dir, monkeypatch
+):
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir)
+    async with InterceptionServer(config) as server:
+        readied, rendered = await _tool_loop_prompts(server, scripted, reserialise_from=2)
+    # Readied once per answer, for the message returned; the echoes whose arguments come back with other bytes
+    # (turns 3 and 4 extend after them) are rendered again on the turn's path, as the agent sent them.
+    assert len(rendered) == 5 + 2
+    assert sum(m["tool_calls"][0]["function"]["arguments"] == '{"cmd":"echo 2"}' for m in rendered if m.get("tool_calls")) == 1
+    scripted.calls.clear()
+    monkeypatch.setattr(Trajectory, "prepare_next", lambda self, branch, tools: None)
+    async with InterceptionServer(config) as server:
+        unreadied, rendered = await _tool_loop_prompts(server, scripted, reserialise_from=2)
+    assert len(rendered) == 4  # nothing readied: every extending turn renders its own count
+    assert readied == unreadied
