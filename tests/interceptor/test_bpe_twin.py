@@ -112,6 +112,47 @@ def test_a_difference_found_by_the_audit_turns_the_twin_off_and_answers_with_the
     assert "off for the rest of this process" in caplog.text and SECRET not in caplog.text
 
 
+def test_the_twin_decodes_sampled_ids_to_the_tokenizers_text(real_vocab_dir):
+    """Random runs over the whole vocabulary (broken UTF-8 where tokens meet, special tokens to leave out, the
+    added tokens the tool-call parser reads), and a turn as the model samples it."""
+    tokenizer = AutoTokenizer.from_pretrained(real_vocab_dir)
+    twin, why = build_twin(tokenizer, real_vocab_dir)
+    assert twin is not None and twin.decodes, why
+    rust = tokenizer._tokenizer
+    rng = random.Random(11)
+    size = len(tokenizer)
+    runs = [[rng.randrange(size) for _ in range(rng.randint(1, 80))] for _ in range(4000)]
+    runs += [[rng.choice(sorted(tokenizer.added_tokens_decoder)) for _ in range(6)] for _ in range(200)]
+    runs.append(tokenizer.encode('<think>\nok</think>\n\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'))
+    differing = [run for run in runs if twin.decode(run) != rust.decode(run, skip_special_tokens=True)]
+    assert not differing, differing[:3]
+    assert twin.decode([size + 5]) is None  # an id the tokenizer lacks (a padded embedding): transformers decodes it
+
+
+def test_a_decode_the_audit_finds_different_turns_the_twins_decoding_off(twin_and_reference, caplog):
+    shared, reference = twin_and_reference
+    truth = shared._reference_decode
+    twin = BpeTwin(shared._encoding, reference, skipped=shared._skipped,
+                   reference_decode=lambda ids: truth(ids) + ("!" if ids == [42] else ""))
+    for _ in range(AUDIT_EVERY - 1):
+        assert twin.decode([40, 41]) == truth([40, 41])
+    assert twin.decodes and twin.decode_mismatches == 0
+    with caplog.at_level(logging.ERROR, logger="interceptor.tokenizer"):
+        assert twin.decode([42]) == truth([42]) + "!"  # the audited call answers with the reference
+    assert not twin.decodes and twin.decode_mismatches == 1 and "decoding is off" in caplog.text
+    assert twin.decode([40]) is None and twin.encode("still encodes") is not None
+
+
+def test_no_twin_decoding_where_transformers_cleans_up_spaces(real_vocab_dir, tmp_path):
+    out = tmp_path / "cleans-up"
+    shutil.copytree(real_vocab_dir, out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**config, "clean_up_tokenization_spaces": True}))
+    twin, why = build_twin(AutoTokenizer.from_pretrained(out), out)
+    assert twin is not None and not twin.decodes, why
+    assert twin.decode([40]) is None
+
+
 def _variant(real_vocab_dir, tmp_path, change) -> tuple[BpeTwin | None, str]:
     out = tmp_path / "variant"
     shutil.copytree(real_vocab_dir, out)
