@@ -48,9 +48,9 @@ __all__ = ["Handler", "Lane", "LaneReply", "LaneRequest", "LaneStream"]
 log = logging.getLogger("interceptor.lane")
 
 _MAX_HEAD = 64 * 1024  # request line and headers; a longer head is aiohttp's to refuse
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110's token)
 _TARGET = re.compile(rb"/[!$&'()*+,\-./0-9:;=@A-Z_a-z~]*")  # an origin-form path, no query, escape or control byte
-_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")  # a header value: no control bytes but tab
+# Header lines, each ending in CRLF: a name (RFC 9110's token), a colon, a value with no control bytes but tab
+_HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus} | {529: b"Overloaded"}  # 529: Anthropic's
 _REFUSED = frozenset(("transfer-encoding", "expect", "upgrade", "content-encoding"))  # aiohttp's to read
 
@@ -246,21 +246,21 @@ class _LaneConnection(asyncio.Protocol):
         self.task = asyncio.get_running_loop().create_task(self._serve(handler, request))
 
     def _read_head(self, head: bytes):
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
+        request_line, _, fields = head.partition(b"\r\n")
+        parts = request_line.split(b" ")
         if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not _TARGET.fullmatch(parts[1]):
             return None
+        if fields and not _HEADER_LINES.fullmatch(fields + b"\r\n"):
+            return None  # folding, a space before the colon, no colon, a control byte: aiohttp's to refuse
         method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
         taken = self.lane._take(method, path)
         if taken is None:
             return None
-        headers: CIMultiDict[str] = CIMultiDict()
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
-                return None  # folding, a space before the colon, no colon, a control byte: aiohttp's to refuse
-            # decoded as aiohttp decodes it: UTF-8, with a byte that is not UTF-8 kept as a surrogate
-            headers.add(name.decode("ascii"), value.strip(b" \t").decode("utf-8", "surrogateescape"))
+        # decoded as aiohttp decodes them: UTF-8, with a byte that is not UTF-8 kept as a surrogate
+        headers: CIMultiDict[str] = CIMultiDict([
+            (name.decode("ascii"), value.strip(b" \t").decode("utf-8", "surrogateescape"))
+            for name, _, value in (line.partition(b":") for line in fields.split(b"\r\n"))
+        ] if fields else ())
         if any(name in headers for name in _REFUSED):
             return None
         lengths = headers.getall("Content-Length", ())
