@@ -114,8 +114,14 @@ class ServerConfig:
     stream_hold_s: float = 60.0
     keepalive_s: float = 5.0
     shutdown_grace_s: float = 5.0  # on exit, in-flight requests get this long before they are cancelled
+    # interception_gate: how long a worker thread rendering a large request may keep the GIL from the event loop
+    # (`sys.setswitchinterval` while the server runs; Python's own is 5 ms, a stall every other rollout feels).
+    # None leaves the process's setting as it is.
+    gil_switch_interval_s: float | None = 0.0005
 
     def __post_init__(self) -> None:
+        if self.gil_switch_interval_s is not None and not 0 < self.gil_switch_interval_s <= 1:
+            raise ConfigError("gil_switch_interval_s must be in (0, 1] seconds, or None")
         if self.mode not in ("interception_gate", "black_box"):
             raise ConfigError(f"unknown mode {self.mode!r}")
         if self.mode == "interception_gate" and self.model_dir is None:

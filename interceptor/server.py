@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ class InterceptionServer:
             self.policy = await self._load_policy()
             self.policy.journal = self._journal
             self.policy.observe_turn = self.metrics.observe_turn
+            if self.config.gil_switch_interval_s is not None:  # the loop waits less for a thread's render
+                self._stack.callback(sys.setswitchinterval, sys.getswitchinterval())
+                sys.setswitchinterval(self.config.gil_switch_interval_s)
         app = web.Application(middlewares=[errors_middleware_for(error_for)], client_max_size=self.config.max_body_bytes)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self.metrics.route(self.config.admin_token))
