@@ -16,7 +16,9 @@ whose result the agent appends. Every target gets the same conversation, and eve
 robin, turn by turn (the order rotating each round), so machine noise hits them alike.
 - latency: rollouts grown to ~1k and ~32k tokens of history, then steady turns (fresh rollouts every `--segment`
   turns, so the history stays near its size); p50/p99, and added ms = target - its own direct call in the same round
-  (gate - direct_tokens, the others - direct), and the ratios of the added ms to verifiers'.
+  (gate - direct_tokens, the others - direct), and the ratios of the added ms to verifiers'. `--idle-ms` sleeps
+  after each round: a target measured alone then starts each turn with cold caches, as it does between the other
+  targets' turns in the interleaved run.
 - flatness: one rollout per target, `--flat-turns` turns of ~130 tokens each; the median of turns 1-8 vs the last 8.
 - throughput: N concurrent rollouts of up to 16 turns each (then a fresh one), for `--seconds` per target, split in
   `--slices` slices taken in turn; turns/s and the ratio to verifiers. With `--gate-workers 1,2`, the gate also runs
@@ -128,6 +130,8 @@ async def latency(http: aiohttp.ClientSession, targets: list[Target], upstream: 
         for _ in range(min(args.segment, args.turns - done)):
             await timed_round(http, convos, upstream, done, 1, samples)
             done += 1
+            if args.idle_ms:  # every process idle between rounds: each turn then starts with cold caches
+                await asyncio.sleep(args.idle_ms / 1000)
         for convo in convos:
             await convo.target.close(http, convo.endpoint)
     return samples
@@ -354,6 +358,9 @@ def main() -> int:
     parser.add_argument("--histories", type=_ints, default=[1_000, 32_000], help="latency: history sizes in tokens")
     parser.add_argument("--turns", type=int, default=200, help="latency: steady turns per history size")
     parser.add_argument("--segment", type=int, default=20, help="latency: steady turns per rollout")
+    parser.add_argument("--idle-ms", type=float, default=0.0,
+                        help="latency: idle time after each round (e.g. 20: what the other proxies' turns do to the "
+                             "caches of a target measured alone)")
     parser.add_argument("--flat-turns", type=int, default=256)
     parser.add_argument("--rollouts", type=_ints, default=[64, 256],
                         help="throughput: concurrent rollouts (e.g. 64,256,1000)")
