@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -77,6 +78,24 @@ async def _answer_tool(rollout: Rollout, body: dict) -> dict:
     rollout.answer = rollout.scrub(body.get("answer", body))
     rollout.answered = True
     return {"ok": True, "message": "answer recorded"}
+
+
+_heap_freezes = 0  # servers of this process that keep the start-up heap frozen; the last one out unfreezes it
+
+
+def _freeze_heap() -> Callable[[], None]:
+    """`gc.freeze()` now; what undoes it once no other server of the process still wants it."""
+    global _heap_freezes
+    gc.freeze()
+    _heap_freezes += 1
+
+    def thaw() -> None:
+        global _heap_freezes
+        _heap_freezes -= 1
+        if _heap_freezes == 0:
+            gc.unfreeze()
+
+    return thaw
 
 
 class InterceptionServer:
@@ -148,6 +167,8 @@ class InterceptionServer:
             site = web.TCPSite(runner, self.config.host, self.config.port)
             await site.start()
             self._port = runner.addresses[0][1]
+        if self.config.gc_freeze:  # start-up is over: the libraries, the tokenizer and the template are in the heap
+            self._stack.callback(_freeze_heap())
         log.info("interception server (%s) on %s", self.config.mode, self.url)
 
     def _lane_routes(self, app: web.Application, turns: Turns) -> LaneRoutes:
