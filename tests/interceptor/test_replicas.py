@@ -118,6 +118,9 @@ async def test_a_weight_sync_reaches_every_replica_before_a_turn_uses_the_new_ve
             turns = asyncio.gather(*(turn(http, h, c) for _ in range(3) for h, c in zip(handles, conversations)))
             await asyncio.to_thread(sync)
             await turns
+            # and a turn of every rollout once the sync is done: version 1 however the race above went (on a fast
+            # loop the twelve turns can all finish before the sync does)
+            await asyncio.gather(*(turn(http, h, c) for h, c in zip(handles, conversations)))
             served = {name: tensor for name, tensor in one.core.policy.model.state_dict().items()}
             for name, param in model.state_dict().items():
                 assert torch.equal(served[name], param) and torch.equal(two.core.policy.model.state_dict()[name], param)
