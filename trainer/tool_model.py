@@ -42,10 +42,12 @@ for the next step (`trainer.heap`): glibc's defaults faulted them in again, 18 s
 The steps alone leave each agent's call a few logits ahead of the next best name or argument (Claude Code's `Bash`
 against its environment's "Shell: bash", Pi's `bash` against its "Bash command", Codex's `cmd` against `command`),
 and which agent fell behind changed with the machine's bfloat16 numerics (the same recipe wrote `bash` for Claude Code
-in 16 of 16 prompts on one machine and `Bash` on another). So the build checks itself: fresh episodes behind each
+in 16 of 16 prompts on one machine and `Bash` on another). So the build checks itself: episodes behind each
 agent's prompt, teacher-forced in float32 as the model is served, must have every target token but the digits lead
 the next best by `check_margin`; an agent that falls short gets one more step behind its prompt, for up to
-`check_rounds` rounds. The report records the corrective steps and each agent's final margin.
+`check_rounds` rounds. The check's episodes are drawn once, so a round's margins differ from the last round's by
+what the steps changed, not by which episodes were drawn. The report records the corrective steps and each agent's
+final margin.
 
 Stochasticity is deliberate: a fraction `wrong_answer_rate` of the targets submit a perturbed number, so at
 temperature 1 the policy submits a wrong answer now and then while greedy decoding copies the number; fewer
@@ -105,10 +107,11 @@ class ToolTrainingSpec:
     agent_request_rate: float = 0.45  # fraction of steps that also train on episodes behind one of them
     agent_episodes: int = 10  # episodes per such step: they share one pass over the agent's prompt (the costly part)
     agent_weights: tuple[int, ...] = ()  # how many times per round each of agent_requests is drawn (none: once)
-    # After the steps, each agent's prompt is checked: fresh episodes behind it, teacher-forced, must have every
-    # target token lead the next best by `check_margin` logits (what greedy decoding writes, with room for another
-    # machine's numerics). An agent that falls short gets one more step behind its prompt, up to `check_rounds` times.
-    check_rounds: int = 8
+    # After the steps, each agent's prompt is checked: `check_episodes` episodes behind it, drawn once and
+    # teacher-forced after every round, must have every target token lead the next best by `check_margin` logits
+    # (what greedy decoding writes, with room for another machine's numerics). An agent that falls short gets one
+    # more step behind its prompt (fresh episodes), up to `check_rounds` times.
+    check_rounds: int = 16
     check_episodes: int = 2
     check_margin: float = 1.0
     check_learning_rate: float = 3e-4  # a corrective step's (the main steps' cosine ends at 0.1 of `learning_rate`)
@@ -215,8 +218,8 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         losses.append(loss.item())
 
     def margins() -> list[float]:
-        return [_margin(model, inputs, outputs, maker.agent_episodes(agent, spec.check_episodes, exact=True),
-                        maker.digits, pad_id=tokenizer.pad_token_id) for agent in range(maker.agents)]
+        return [_margin(model, inputs, outputs, episodes, maker.digits, pad_id=tokenizer.pad_token_id)
+                for episodes in checks]
 
     start = time.perf_counter()
     for step in steps:
@@ -225,6 +228,10 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
     # against its environment's "Shell: bash", Pi's `bash` against its "Bash command", Codex's `cmd` against
     # `command`), and which one falls short changed with the machine's bfloat16 numerics: checked and corrected here.
     corrective = 0
+    # The same episodes every round: drawn afresh each round, an agent's margin swung by up to 2.6 logits between
+    # rounds (Codex 2.70 -> 0.10 -> 2.43 while another agent was corrected), and a check of 8 rounds gave up on a
+    # machine whose bf16 numerics left three agents short.
+    checks = [maker.agent_episodes(agent, spec.check_episodes, exact=True) for agent in range(maker.agents)]
     checked = margins()
     for _ in range(spec.check_rounds):  # with no agents, nothing is short
         short = [agent for agent, margin in enumerate(checked) if margin < spec.check_margin]
