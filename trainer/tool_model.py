@@ -217,7 +217,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         schedule.step()
         losses.append(loss.item())
 
-    def margins() -> list[float]:
+    def margins(checks: list[list[Episode]]) -> list[float]:
         return [_margin(model, inputs, outputs, episodes, maker.digits, pad_id=tokenizer.pad_token_id)
                 for episodes in checks]
 
@@ -232,7 +232,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
     # rounds (Codex 2.70 -> 0.10 -> 2.43 while another agent was corrected), and a check of 8 rounds gave up on a
     # machine whose bf16 numerics left three agents short.
     checks = [maker.agent_episodes(agent, spec.check_episodes, exact=True) for agent in range(maker.agents)]
-    checked = margins()
+    checked = margins(checks)
     for _ in range(spec.check_rounds):  # with no agents, nothing is short
         short = [agent for agent, margin in enumerate(checked) if margin < spec.check_margin]
         if not short:
@@ -240,7 +240,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         for agent in short:
             train(maker.step(agent=agent))
             corrective += 1
-        checked = margins()
+        checked = margins(checks)
     seconds = time.perf_counter() - start
     inputs.commit()
     outputs.commit()
