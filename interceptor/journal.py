@@ -26,7 +26,7 @@ import orjson
 
 from .records import Failure, RolloutRecord, TurnRecord
 from .trace_log import Spot
-from .trajectory import BranchRecord, build_samples
+from .branch_record import BranchRecord, IdsJson, build_samples
 
 __all__ = ["Journal", "JournalError", "recover_journal", "journal_segments"]
 
@@ -191,7 +191,7 @@ class _Recovered:
                     number=number, tools_digest=branch["tk"], system_digest=branch["sk"], fork_reason=branch["fr"]
                 )
             self.branches[number] = record
-        turn = record.append_turn(branch["p"], branch["t"], branch["l"],
+        turn = record.append_turn(IdsJson.of(branch["p"]), branch["t"], branch["l"],
                                   {k: v for k, v in branch["turn"].items() if k not in _POSITIONS})
         if turn != TurnRecord(**branch["turn"]):
             raise ValueError(f"branch {number}: the journal's turn positions do not follow from its ids")

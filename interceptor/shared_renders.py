@@ -6,18 +6,19 @@ render and one tokenization serve them all. A render in progress is awaited by t
 `Renderer.encode`) releases the GIL, so the other rollouts go on.
 
 The key is the digest of the normalised messages as JSON (orjson, in C) and the tool list's key (`digests.py`: two
-conversations share ids by accident with a chance of 2^-128), so a kept render holds its ids and 32 bytes of key.
-Kept renders are bounded by their total token count.
+conversations share ids by accident with a chance of 2^-128). A kept render holds its ids as the JSON the upstream
+body and the record are made of (~6.5 bytes per id for Qwen's vocabulary) and 32 bytes of key; a request that
+shares it shares those bytes, nothing is copied. Kept renders are bounded by their total token count.
 """
 
 from __future__ import annotations
 
 import asyncio
-from array import array
 from collections import OrderedDict
 
 import orjson
 
+from .branch_record import IdsJson
 from .digests import digest
 from .rendering import Renderer
 
@@ -28,28 +29,30 @@ class SharedRenders:
     def __init__(self, renderer: Renderer, *, max_tokens: int = 4_000_000) -> None:
         self._renderer = renderer
         self._max_tokens = max_tokens
-        self._kept: OrderedDict[bytes, array] = OrderedDict()
+        self._kept: OrderedDict[bytes, IdsJson] = OrderedDict()
         self._kept_tokens = 0
-        self._pending: dict[bytes, asyncio.Future[array]] = {}
+        self._pending: dict[bytes, asyncio.Future[IdsJson]] = {}
         self.renders = 0  # full renders actually done (the rest were shared)
 
     async def render_full(self, messages: list[dict], tools: list[dict] | None, tools_key: bytes, *,
-                          off_loop: bool) -> list[int]:
-        """The ids of `messages` rendered with `tools` and a generation prompt (a fresh list each call)."""
-        key = digest(orjson.dumps(messages)) + tools_key
+                          off_loop: bool) -> IdsJson:
+        """The ids of `messages` rendered with `tools` and a generation prompt, as JSON (immutable: shared by
+        every request that gets them). `off_loop`: a large request, whose every step over its whole length (the
+        key's JSON, the render, the ids' JSON, freeing the list of ints) runs in a worker thread."""
+        key = await asyncio.to_thread(_key, messages, tools_key) if off_loop else _key(messages, tools_key)
         kept = self._kept.get(key)
         if kept is not None:
             self._kept.move_to_end(key)
-            return kept.tolist()
+            return kept
         pending = self._pending.get(key)
         if pending is not None:
-            return (await asyncio.shield(pending)).tolist()
-        future: asyncio.Future[array] = asyncio.get_running_loop().create_future()
+            return await asyncio.shield(pending)
+        future: asyncio.Future[IdsJson] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieve)
         self._pending[key] = future
         try:
             self.renders += 1
-            render = self._renderer.render_full
+            render = self._render_json
             ids = await asyncio.to_thread(render, messages, tools) if off_loop else render(messages, tools)
         except BaseException as exc:
             if isinstance(exc, Exception):
@@ -59,19 +62,25 @@ class SharedRenders:
             raise
         finally:
             del self._pending[key]
-        stored = array("i", ids)
-        future.set_result(stored)
-        self._keep(key, stored)
+        future.set_result(ids)
+        self._keep(key, ids)
         return ids
 
-    def _keep(self, key: bytes, ids: array) -> None:
-        if len(ids) > self._max_tokens:
+    def _render_json(self, messages: list[dict], tools: list[dict] | None) -> IdsJson:
+        return IdsJson.of(self._renderer.render_full(messages, tools))
+
+    def _keep(self, key: bytes, ids: IdsJson) -> None:
+        if ids.count > self._max_tokens:
             return
         self._kept[key] = ids
-        self._kept_tokens += len(ids)
+        self._kept_tokens += ids.count
         while self._kept_tokens > self._max_tokens:
             _, dropped = self._kept.popitem(last=False)
-            self._kept_tokens -= len(dropped)
+            self._kept_tokens -= dropped.count
+
+
+def _key(messages: list[dict], tools_key: bytes) -> bytes:
+    return digest(orjson.dumps(messages)) + tools_key
 
 
 def _retrieve(future: asyncio.Future) -> None:

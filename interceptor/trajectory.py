@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .branch_record import BranchRecord, build_samples
+from .branch_record import BranchRecord, IdsJson, build_samples
 from .errors import BadRequest
 from .protocol import normalize_messages, tools_key
 from .records import Generation, SampleRecord, TurnRecord
@@ -83,7 +83,7 @@ class TurnPlan:
     branch: _Branch
     prompt_json: bytes  # the whole sequence the policy will condition on, as a JSON array of ids
     prompt_len: int  # how many ids that is
-    new_prompt_ids: list[int]  # the part of it not yet recorded (mask 0)
+    new_prompt: IdsJson  # the part of it not yet recorded (mask 0)
     request_messages: list[dict]
     forked: bool
 
@@ -143,7 +143,7 @@ class Trajectory:
         plan, reason = self.extend(messages, tools, tkey)
         if plan is not None:
             return plan
-        return self.fork(messages, tkey, self._renderer.render_full(messages, tools), reason=reason)
+        return self.fork(messages, tkey, IdsJson.of(self._renderer.render_full(messages, tools)), reason=reason)
 
     def extend(self, messages: list[dict], tools: list[dict] | None, tkey: bytes) -> tuple[TurnPlan | None, str | None]:
         """Reserve the next turn on the branch these messages continue (rendering only the new messages), or
@@ -179,17 +179,18 @@ class Trajectory:
                 branch = branch.copy(self._number(), "concurrent turn on the same history")
                 self._branches.append(branch)
             branch.busy = True
+            new = IdsJson.of(suffix)
             return TurnPlan(
                 branch=branch,
-                prompt_json=branch.prompt_json(suffix),
-                prompt_len=branch.length + len(suffix),
-                new_prompt_ids=suffix,
+                prompt_json=branch.prompt_json(new),
+                prompt_len=branch.length + new.count,
+                new_prompt=new,
                 request_messages=messages,
                 forked=forked,
             ), None
         return None, reason
 
-    def fork(self, messages: list[dict], tkey: bytes, prompt: list[int], *, reason: str | None) -> TurnPlan:
+    def fork(self, messages: list[dict], tkey: bytes, prompt: IdsJson, *, reason: str | None) -> TurnPlan:
         """Reserve the next turn on a new branch whose prompt is `prompt`, the full render of `messages`."""
         system = messages[0] if messages[0]["role"] == "system" else None
         branch = _Branch(
@@ -204,9 +205,9 @@ class Trajectory:
         self._branches.append(branch)
         return TurnPlan(
             branch=branch,
-            prompt_json=orjson.dumps(prompt),
-            prompt_len=len(prompt),
-            new_prompt_ids=prompt,
+            prompt_json=prompt.json,
+            prompt_len=prompt.count,
+            new_prompt=prompt,
             request_messages=messages,
             forked=True,
         )
@@ -230,7 +231,7 @@ class Trajectory:
         Returns what the journal needs to rebuild the branch (its first turn also says where it came from)."""
         branch = plan.branch
         first, branch.journaled = not branch.journaled, True
-        turn = branch.append_turn(plan.new_prompt_ids, generation.token_ids, generation.logprobs, {
+        turn = branch.append_turn(plan.new_prompt, generation.token_ids, generation.logprobs, {
             "finish_reason": finish_reason, "malformed_tool_call": malformed, "model": generation.model,
             "policy_version": policy_version, "seconds": round(generation.seconds, 6),
         })
@@ -238,7 +239,7 @@ class Trajectory:
         branch.messages = [*plan.request_messages, returned]
         branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
         branch.busy = False
-        delta = {"b": branch.number, "p": plan.new_prompt_ids, "t": generation.token_ids, "l": generation.logprobs,
+        delta = {"b": branch.number, "p": orjson.Fragment(plan.new_prompt.json), "t": generation.token_ids, "l": generation.logprobs,
                  "turn": {name: getattr(turn, name) for name in _TURN_FIELDS}}
         if first:
             delta.update(o=branch.origin, fr=branch.fork_reason, tk=branch.tools_digest, sk=branch.system_digest)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import orjson
 import pytest
 from openai import AsyncOpenAI
 
@@ -52,12 +53,11 @@ async def test_a_different_tool_list_or_conversation_is_rendered_anew(server):
     messages = [{"role": "user", "content": "hi"}]
     first = await renders.render_full(messages, TOOLS, b"tools-a", off_loop=False)
     again = await renders.render_full(messages, TOOLS, b"tools-a", off_loop=True)
-    assert first == again and renders.renders == 1
-    await renders.render_full(messages, None, b"", off_loop=False)
-    await renders.render_full([{"role": "user", "content": "hi!"}], TOOLS, b"tools-a", off_loop=False)
-    assert renders.renders == 3
-    first.append(0)  # each caller gets its own list
-    assert (await renders.render_full(messages, TOOLS, b"tools-a", off_loop=False)) == again
+    assert again is first and renders.renders == 1  # immutable JSON, shared without a copy
+    assert orjson.loads(first.json) == server.policy.renderer.render_full(messages, TOOLS) and first.count > 0
+    without_tools = await renders.render_full(messages, None, b"", off_loop=False)
+    await renders.render_full([{"role": "user", "content": "hi!"}], TOOLS, b"tools-a", off_loop=True)
+    assert renders.renders == 3 and without_tools.count < first.count
 
 
 async def test_a_render_the_template_refuses_fails_every_waiter_and_is_not_kept(tiny_model_dir):
