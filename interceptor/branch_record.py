@@ -16,33 +16,15 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from .ids_json import IdsJson
 from .records import SampleRecord, TurnRecord
 
-__all__ = ["BranchRecord", "IdsJson", "build_samples", "json_ids"]
+__all__ = ["BranchRecord", "build_samples", "json_ids"]
 
 
 def json_ids(ids: list[int]) -> bytes:
     """Ids as the inside of a JSON array: b"1,2,3"."""
     return orjson.dumps(ids)[1:-1]
-
-
-@dataclass(frozen=True, slots=True)
-class IdsJson:
-    """A turn's new prompt ids as a JSON array, serialised once: the upstream body, the branch's record and the
-    journal line all take these bytes. A fork's ids are made so in the worker thread that renders a large request,
-    where the list of ints is also freed: on the event loop, serialising and freeing a 10 MB conversation's 6.4M
-    ids stalled every other rollout for ~150 ms."""
-
-    json: bytes  # b"[1,2,3]"
-    count: int
-
-    @classmethod
-    def of(cls, ids: list[int]) -> IdsJson:
-        return cls(orjson.dumps(ids), len(ids))
-
-    def inner(self) -> memoryview:
-        """The ids without the brackets (b"1,2,3"), not copied."""
-        return memoryview(self.json)[1:-1]
 
 
 @dataclass(eq=False)

@@ -6,7 +6,8 @@ agent starts with the same system prompt and tool list (Claude Code's render to 
 of a GRPO group with the same task, so the same chunks come back again and again. `ChunkIds` keeps the ids of
 chunks of at least `min_chars` characters by the digest of their text (`digests.py`), bounded by the total ids it
 holds (least recently used first out), and encodes only the chunks it has not seen, in one batch call that
-releases the GIL. Thread-safe: long texts are encoded in worker threads.
+releases the GIL (a stretch of ~256 KB of text per call, so a 10 MB conversation never holds all its ids as Python
+ints at once). Thread-safe: long texts are encoded in worker threads.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+import orjson
 
 from .digests import digest
+from .ids_json import IdsJson
 
 __all__ = ["ChunkIds"]
+
+_BATCH_CHARS = 256 * 1024  # text per batch call: work for the tokenizer's threads, and ~60k ids alive at most
 
 
 class ChunkIds:
@@ -33,27 +39,51 @@ class ChunkIds:
 
     def encode(self, chunks: Sequence[str], encode_batch: Callable[[list[str]], list[list[int]]]) -> list[int]:
         """The ids of the concatenation of `chunks`; `encode_batch` encodes the ones not kept."""
-        keys = [digest(c.encode("utf-8", "surrogatepass")) if len(c) >= self.min_chars else None for c in chunks]
-        found: list[array | None] = [None] * len(chunks)
-        with self._lock:
-            for i, key in enumerate(keys):
-                if key is not None and (kept := self._kept.get(key)) is not None:
-                    self._kept.move_to_end(key)
-                    found[i] = kept
-        missing = [i for i, ids in enumerate(found) if ids is None]
-        encoded = encode_batch([chunks[i] for i in missing]) if missing else []
-        with self._lock:
-            self.hits += len(chunks) - len(missing)
-            self.misses += len(missing)
-            for i, ids in zip(missing, encoded, strict=True):
-                found[i] = ids
-                if keys[i] is not None and keys[i] not in self._kept and len(ids) <= self._max_ids:
-                    self._kept[keys[i]] = array("i", ids)
-                    self._kept_ids += len(ids)
-            while self._kept_ids > self._max_ids:
-                _, dropped = self._kept.popitem(last=False)
-                self._kept_ids -= len(dropped)
         out: list[int] = []
-        for ids in found:
+        for ids in self._each(chunks, encode_batch):
             out.extend(ids)
         return out
+
+    def encode_json(self, chunks: Sequence[str], encode_batch: Callable[[list[str]], list[list[int]]]) -> IdsJson:
+        """`encode`'s ids as JSON, made chunk by chunk: no list of every id is built (`ids_json.py`)."""
+        parts, count = [], 0
+        for ids in self._each(chunks, encode_batch):
+            if len(ids):
+                parts.append(orjson.dumps(ids if isinstance(ids, list) else ids.tolist())[1:-1])
+                count += len(ids)
+        return IdsJson(b"[" + b",".join(parts) + b"]", count)
+
+    def _each(self, chunks: Sequence[str],
+              encode_batch: Callable[[list[str]], list[list[int]]]) -> Iterator[Sequence[int]]:
+        """Each chunk's ids, in order: kept ones from memory, the others encoded a stretch of about `_BATCH_CHARS`
+        at a time (one batch call each, so only that stretch's ids are alive at once)."""
+        keys = [digest(c.encode("utf-8", "surrogatepass")) if len(c) >= self.min_chars else None for c in chunks]
+        i = 0
+        while i < len(chunks):
+            start, found, missing, chars = i, [], [], 0
+            with self._lock:
+                while i < len(chunks) and chars < _BATCH_CHARS:
+                    key = keys[i]
+                    kept = self._kept.get(key) if key is not None else None
+                    if kept is not None:
+                        self._kept.move_to_end(key)
+                    else:
+                        missing.append(i - start)
+                        chars += len(chunks[i])
+                    found.append(kept)
+                    i += 1
+            encoded = encode_batch([chunks[start + j] for j in missing]) if missing else []
+            with self._lock:
+                self.hits += len(found) - len(missing)
+                self.misses += len(missing)
+                for j, ids in zip(missing, encoded, strict=True):
+                    found[j] = ids
+                    key = keys[start + j]
+                    if key is not None and key not in self._kept and len(ids) <= self._max_ids:
+                        self._kept[key] = array("i", ids)
+                        self._kept_ids += len(ids)
+                while self._kept_ids > self._max_ids:
+                    _, dropped = self._kept.popitem(last=False)
+                    self._kept_ids -= len(dropped)
+            del encoded
+            yield from found

@@ -26,7 +26,8 @@ import orjson
 
 from .records import Failure, RolloutRecord, TurnRecord
 from .trace_log import Spot
-from .branch_record import BranchRecord, IdsJson, build_samples
+from .branch_record import BranchRecord, build_samples
+from .ids_json import IdsJson
 
 __all__ = ["Journal", "JournalError", "recover_journal", "journal_segments"]
 

@@ -1,7 +1,8 @@
 """Messages to prompt token ids with the model's own tokenizer and chat template, and sampled ids back to text.
 
 Two ways to render:
-- `render_full(messages, tools)`: the whole conversation plus the generation prompt (a new sample, a fork);
+- `render_full(messages, tools)`: the whole conversation plus the generation prompt (a new sample, a fork;
+  `render_full_json` gives those ids as JSON);
 - `render_suffix(last_assistant, new_messages, tools)`: only what follows an assistant turn the model sampled.
   The template is rendered on a small context (system, a placeholder user turn, that assistant turn) followed by
   the new messages; what comes after that assistant turn's end-of-turn token is the suffix. Its cost does not
@@ -40,6 +41,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from .bpe_twin import build_twin
 from .chunk_ids import ChunkIds
 from .errors import BadRequest, ConfigError
+from .ids_json import IdsJson
 from .templates import training_template_for
 
 __all__ = ["Renderer", "RendererConfig"]
@@ -175,6 +177,13 @@ class Renderer:
 
     def render_full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, generation_prompt=True), shared=True)
+
+    def render_full_json(self, messages: list[dict], tools: list[dict] | None) -> IdsJson:
+        """`render_full`'s ids as JSON; a long text's made chunk by chunk, with no list of every id (`ids_json.py`)."""
+        text = self.render_text(messages, tools, generation_prompt=True)
+        if self._rust is None or len(text) <= _LONG_TEXT_CHARS:
+            return IdsJson.of(self.encode(text, shared=True))
+        return self._chunks.encode_json(_after_each(text, self.end_of_turn_text), self._encode_batch)
 
     def closing_turns(self, *, system: dict | None, last_assistant: dict, tools: list[dict] | None) -> int:
         """How many end-of-turn tokens the template renders up to and including `last_assistant`'s, in the small

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import orjson
 
-from .branch_record import IdsJson
+from .ids_json import IdsJson
 from .digests import digest
 from .rendering import Renderer
 
@@ -38,7 +38,7 @@ class SharedRenders:
                           off_loop: bool) -> IdsJson:
         """The ids of `messages` rendered with `tools` and a generation prompt, as JSON (immutable: shared by
         every request that gets them). `off_loop`: a large request, whose every step over its whole length (the
-        key's JSON, the render, the ids' JSON, freeing the list of ints) runs in a worker thread."""
+        key's JSON, the render, the ids' JSON) runs in a worker thread."""
         key = await asyncio.to_thread(_key, messages, tools_key) if off_loop else _key(messages, tools_key)
         kept = self._kept.get(key)
         if kept is not None:
@@ -52,7 +52,7 @@ class SharedRenders:
         self._pending[key] = future
         try:
             self.renders += 1
-            render = self._render_json
+            render = self._renderer.render_full_json
             ids = await asyncio.to_thread(render, messages, tools) if off_loop else render(messages, tools)
         except BaseException as exc:
             if isinstance(exc, Exception):
@@ -66,8 +66,6 @@ class SharedRenders:
         self._keep(key, ids)
         return ids
 
-    def _render_json(self, messages: list[dict], tools: list[dict] | None) -> IdsJson:
-        return IdsJson.of(self._renderer.render_full(messages, tools))
 
     def _keep(self, key: bytes, ids: IdsJson) -> None:
         if ids.count > self._max_tokens:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .branch_record import BranchRecord, IdsJson, build_samples
+from .branch_record import BranchRecord, build_samples
+from .ids_json import IdsJson
 from .errors import BadRequest
 from .protocol import normalize_messages, tools_key
 from .records import Generation, SampleRecord, TurnRecord
@@ -143,7 +144,7 @@ class Trajectory:
         plan, reason = self.extend(messages, tools, tkey)
         if plan is not None:
             return plan
-        return self.fork(messages, tkey, IdsJson.of(self._renderer.render_full(messages, tools)), reason=reason)
+        return self.fork(messages, tkey, self._renderer.render_full_json(messages, tools), reason=reason)
 
     def extend(self, messages: list[dict], tools: list[dict] | None, tkey: bytes) -> tuple[TurnPlan | None, str | None]:
         """Reserve the next turn on the branch these messages continue (rendering only the new messages), or

@@ -64,3 +64,25 @@ def test_decoding_sampled_ids_gives_the_tokenizers_text(renderer):
     assert renderer._decode_direct  # the tiny model's tokenizer cleans nothing up: the Rust decoder is called directly
     for cut in (ids, ids[:-1], ids[:7], ids[3:], []):  # cuts can split a multi-byte character
         assert renderer.decode(cut) == renderer.tokenizer.decode(cut, skip_special_tokens=True)
+
+
+def test_a_long_conversation_is_encoded_a_stretch_at_a_time_and_its_json_is_the_tokenizers_ids(renderer):
+    """Its ids as JSON are made chunk by chunk: a batch call takes ~256 KB of text, never the whole conversation, so
+    a 10 MB request never holds all its ids as Python ints at once."""
+    import orjson
+
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "ünïcode and words " * 400}
+             for i in range(121)]
+    messages = [{"role": "system", "content": SYSTEM}, *turns]
+    text = renderer.render_text(messages, TOOLS, generation_prompt=True)
+    assert len(text) > 3 * 256 * 1024
+    calls: list[int] = []
+    encode_batch = renderer._encode_batch
+    renderer._encode_batch = lambda texts: (calls.append(sum(map(len, texts))), encode_batch(texts))[1]
+    ids = renderer.render_full_json(messages, TOOLS)
+    expected = renderer.tokenizer.encode(text, add_special_tokens=False)
+    assert orjson.loads(ids.json) == expected and ids.count == len(expected)  # token-exact
+    assert len(calls) >= 3 and max(calls) < 300 * 1024 and sum(calls) == len(text)
+    calls.clear()
+    assert renderer.render_full_json(messages, TOOLS) == ids and calls  # short chunks are encoded again, long ones kept
+    assert renderer.render_full(messages, TOOLS) == expected
