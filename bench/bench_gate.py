@@ -18,7 +18,9 @@ robin, turn by turn (the order rotating each round), so machine noise hits them 
   turns, so the history stays near its size); p50/p99, and added ms = target - its own direct call in the same round
   (gate - direct_tokens, the others - direct), and the ratios of the added ms to verifiers'. `--idle-ms` sleeps
   after each round: a target measured alone then starts each turn with cold caches, as it does between the other
-  targets' turns in the interleaved run.
+  targets' turns in the interleaved run. `--gap-ms` sleeps before every turn: each target then starts on idle cores,
+  so work a proxy does after its answer (the gate readies the next turn once the answer is out) and a heavy peer's
+  after-work (LiteLLM's) do not land on the next target's clock, as they do back to back.
 - flatness: one rollout per target, `--flat-turns` turns of ~130 tokens each; the median of turns 1-8 vs the last 8.
 - throughput: N concurrent rollouts of up to 16 turns each (then a fresh one), for `--seconds` per target, split in
   `--slices` slices taken in turn; turns/s and the ratio to verifiers. With `--gate-workers 1,2`, the gate also runs
@@ -96,12 +98,14 @@ async def grow(http: aiohttp.ClientSession, convos: list[Conversation], history_
 
 
 async def timed_round(http: aiohttp.ClientSession, convos: list[Conversation], upstream: str, by: int,
-                      result_lines: int, samples: Samples) -> None:
+                      result_lines: int, samples: Samples, *, gap_s: float = 0.0) -> None:
     """One turn of every conversation, and the gate's own upstream call (`direct_tokens`, as long as the gate's
-    last prompt), in an order rotated by `by`."""
+    last prompt), in an order rotated by `by`; `gap_s` of sleep before each."""
     gate = next((c for c in convos if c.target.name == "gate"), None)
     order: list[Conversation | None] = [*convos, None] if gate is not None else list(convos)
     for convo in rotated(order, by):
+        if gap_s:
+            await asyncio.sleep(gap_s)
         if convo is None:
             assert gate is not None
             samples.add("direct_tokens", await tokens_turn(http, upstream, max(1, gate.prompt_tokens)))
@@ -128,7 +132,7 @@ async def latency(http: aiohttp.ClientSession, targets: list[Target], upstream: 
         convos = [await open_conversation(http, target) for target in targets]
         await grow(http, convos, history_tokens)
         for _ in range(min(args.segment, args.turns - done)):
-            await timed_round(http, convos, upstream, done, 1, samples)
+            await timed_round(http, convos, upstream, done, 1, samples, gap_s=args.gap_ms / 1000)
             done += 1
             if args.idle_ms:  # every process idle between rounds: each turn then starts with cold caches
                 await asyncio.sleep(args.idle_ms / 1000)
@@ -312,7 +316,9 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
                     continue
                 started = time.perf_counter()
                 figures = await step()
-                results[name] = latency_figures(figures) if isinstance(figures, Samples) else figures
+                if isinstance(figures, Samples):
+                    figures = {**latency_figures(figures), "gap_ms": args.gap_ms, "idle_ms": args.idle_ms}
+                results[name] = figures
                 print(f"[{time.perf_counter() - started:5.1f}s] {name} done", file=sys.stderr, flush=True)
     return results
 
@@ -361,6 +367,8 @@ def main() -> int:
     parser.add_argument("--idle-ms", type=float, default=0.0,
                         help="latency: idle time after each round (e.g. 20: what the other proxies' turns do to the "
                              "caches of a target measured alone)")
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="latency: sleep before every turn (e.g. 5: each target starts on idle cores)")
     parser.add_argument("--flat-turns", type=int, default=256)
     parser.add_argument("--rollouts", type=_ints, default=[64, 256],
                         help="throughput: concurrent rollouts (e.g. 64,256,1000)")
