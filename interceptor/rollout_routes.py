@@ -31,8 +31,9 @@ def add_rollout_routes(app: web.Application, server: InterceptionServer) -> None
         if server.policy is None:
             raise BadRequest("count_tokens needs the policy's tokenizer: it is answered in interception_gate mode")
         chat = MESSAGES.parse_for_count(parse_json_body(await request.read()))
-        ids = await asyncio.to_thread(server.policy.renderer.render_full, chat.messages, chat.tools)
-        return json_response({"input_tokens": len(ids)})
+        # as JSON, made and dropped chunk by chunk in the thread: no list of every id comes back to the loop to free
+        ids = await asyncio.to_thread(server.policy.renderer.render_full_json, chat.messages, chat.tools)
+        return json_response({"input_tokens": ids.count})
 
     async def models(request: web.Request) -> web.Response:
         server.authorize(request)
