@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers.agent import TOKENS_PER_LINE, Conversation, chat_turn, open_conversation, tokens_turn  # noqa: E402
 from peers.launch import Target, start_sharded_gates, start_targets  # noqa: E402
+from peers.table import METHOD, print_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / "bench" / ".venv-peers" / "bin" / "python"  # verifiers (scripts/setup-bench.sh)
@@ -321,35 +322,6 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
                 results[name] = figures
                 print(f"[{time.perf_counter() - started:5.1f}s] {name} done", file=sys.stderr, flush=True)
     return results
-
-
-# ------------------------------------------------------------------------------------------------ output
-
-METHOD = ("method: one load-generator process (aiohttp), each server its own process, instant fake upstream; "
-          "targets round robin per turn; added = target - its direct call in the same round "
-          "(gate - direct_tokens, others - direct); ratios are of added ms; throughput slices alternate targets.")
-
-
-def print_table(results: dict) -> None:
-    """One table per measure: a row per target, a column per figure ("-": not measured for that target)."""
-    for section, rows in results.items():
-        print(f"\n{section}")
-        notes = {key: value for key, value in rows.items() if not isinstance(value, dict)}
-        if notes:
-            print("  " + ", ".join(f"{key}: {value}" for key, value in notes.items()))
-        table = {name: row for name, row in rows.items() if isinstance(row, dict)}
-        columns = list(dict.fromkeys(key for row in table.values() for key in row))
-        widths = [max(len(column), 7) for column in columns]
-        print("  " + f"{'target':<14}" + " ".join(f"{c:>{w}}" for c, w in zip(columns, widths)))
-        for name, row in table.items():
-            print("  " + f"{name:<14}" + " ".join(f"{_cell(row.get(c)):>{w}}" for c, w in zip(columns, widths)))
-    print("\n" + METHOD)
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
 def _ints(text: str) -> list[int]:
