@@ -24,10 +24,10 @@ from pathlib import Path
 
 import orjson
 
-from .records import Failure, RolloutRecord, TurnRecord
-from .trace_log import Spot
 from .branch_record import BranchRecord, build_samples
 from .ids_json import IdsJson
+from .records import Failure, RolloutRecord, TurnRecord
+from .trace_log import Spot
 
 __all__ = ["Journal", "JournalError", "recover_journal", "journal_segments"]
 

@@ -18,8 +18,8 @@ from collections import OrderedDict
 
 import orjson
 
-from .ids_json import IdsJson
 from .digests import digest
+from .ids_json import IdsJson
 from .rendering import Renderer
 
 __all__ = ["SharedRenders"]
@@ -65,7 +65,6 @@ class SharedRenders:
         future.set_result(ids)
         self._keep(key, ids)
         return ids
-
 
     def _keep(self, key: bytes, ids: IdsJson) -> None:
         if ids.count > self._max_tokens:

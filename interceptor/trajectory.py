@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from .branch_record import BranchRecord, build_samples
-from .ids_json import IdsJson
 from .errors import BadRequest
+from .ids_json import IdsJson
 from .protocol import normalize_messages, tools_key
 from .records import Generation, SampleRecord, TurnRecord
 from .rendering import Renderer
