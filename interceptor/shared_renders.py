@@ -8,8 +8,8 @@ render and one tokenization serve them all. A render in progress is awaited by t
 The key is the digest of the normalised messages as JSON (orjson, in C) and the tool list's key (`digests.py`: two
 conversations share ids by accident with a chance of 2^-128). A kept render holds its ids as the JSON the upstream
 body and the record are made of (4.5-4.6 bytes per id with Qwen's vocabulary, measured on the four agents'
-captured first requests: near the 4 of an array) and 32 bytes of key; a request that
-shares it shares those bytes, nothing is copied. Kept renders are bounded by their total token count.
+captured first requests: near the 4 of an array) and 32 bytes of key; a request that shares it shares those
+bytes, nothing is copied. Kept renders are bounded by their total token count.
 """
 
 from __future__ import annotations
