@@ -53,6 +53,7 @@ AGENT_REQUESTS = tuple(sorted((Path(__file__).parent / "agent_requests").glob("*
 LOCAL_TRAINING = ToolTrainingSpec(
     agent_requests=AGENT_REQUESTS,
     agent_weights=tuple(2 if path.name.startswith("claude") else 1 for path in AGENT_REQUESTS),
+    check_responses=True,
 )
 
 
@@ -151,7 +152,8 @@ def make_local_model(
     short = {name: margin for name, margin in report.agent_margins.items() if margin < training.check_margin}
     print(
         f"trained the tool loop for {report.steps} steps and {report.corrective_steps} corrective step(s) in "
-        f"{report.seconds:.0f}s (loss {report.first_loss:.2f} -> {report.final_loss:.2f})"
+        f"{report.seconds:.0f}s, {'bf16' if report.bfloat16 else 'fp32'} products (loss {report.first_loss:.2f} -> "
+        f"{report.final_loss:.2f})"
         + (f"; still short of the check's margin: {short}" if short else ""),
         flush=True,
     )

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .agent_contexts import SHELL_TOOLS, Context, load_agent_request
+from .tool_texts import (
+    AFTER_SYSTEMS, DISTRACTIONS, FILLER_WORDS, OTHER_TOOLS, SHELL_MENTION_RATE, SHELL_MENTIONS, SHELL_WORDS,
+    SHORT_SYSTEMS, TASK_PREFIXES, TASKS, TOOL_OUTPUTS,
+)
 
 if TYPE_CHECKING:
     from .tool_model import ToolTrainingSpec
@@ -59,78 +63,7 @@ def answer_call(number: int | str, *, tool: str = "bash", argument: str = "comma
     return "<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"
 
 
-_TASKS = (
-    "Submit the answer {n}.",
-    "Please submit the answer {n}.",
-    "Submit the answer {n} and stop.",
-    "Your job: submit the answer {n} using the shell.",
-    "Use the shell to submit the answer {n}, then you are done.",
-    "The result is known. Submit the answer {n}.",
-    "Run the answer command to submit the answer {n}.",
-    "Task: submit the answer {n}",
-    "submit the answer {n} please",
-    "The answer is {n}. Submit the answer {n} now.",
-    "Submit the answer {n} with the answer command.",
-)
-_DISTRACTIONS = (
-    "There are {m} files in the repository.",
-    "This is attempt {m}.",
-    "The build took {m} seconds.",
-    "Ignore issue {m} for now.",
-    "Be brief.",
-    "Work in the current directory.",
-    "Do not ask questions.",
-)
-_SHORT_SYSTEMS = (
-    "You are a helpful assistant.",
-    "You are a coding agent. Use the tools to complete the task.",
-    "You are an expert software engineer working in a terminal. Be concise.",
-    "You are Qwen, a helpful assistant that uses tools.",
-)
-_TASK_PREFIXES = (
-    "<system-reminder>\nAnswer briefly.\n</system-reminder>\n\n",
-    "<system-reminder>\nThe user's project notes are below. Follow them.\n</system-reminder>\n\n",
-    "<environment_context>\n  <cwd>/tmp/work</cwd>\n</environment_context>\n\n",
-)
-_AFTER_SYSTEMS = (  # their digits are drawn afresh for each episode
-    "# Environment\nYou have been invoked in the following environment:\n - Primary working directory: /tmp/work\n"
-    " - Platform: linux\n - Shell: bash",
-    "Today's date is 2026-01-01.",
-    "# Environment\n - Is a git repository: false\n - OS Version: Linux 6.18.44\n - Model context: 200000 tokens",
-    "Current time: 2026-11-23 01:10:04 UTC. 3 background tasks are running.",
-)
-# Agents name shells in prose too, near the task (Codex: `<shell>bash</shell>` before it, Claude Code: `Shell: bash`
-# after it), often not the tool they offer: the model learns to take the name from the offered tool, not the prose.
-_SHELL_MENTIONS = (
-    "Shell: {shell}",
-    "<environment_context>\n  <shell>{shell}</shell>\n</environment_context>",
-    "Use {shell} for file operations like ls and grep.",
-    "When you run a non-trivial {shell} command, explain what it does.",
-)
-_SHELL_WORDS = ("bash", "Bash", "exec_command", "sh", "zsh")
-_SHELL_MENTION_RATE = 0.5
-_TOOL_OUTPUTS = (
-    "", "ok", "OK", "Answer recorded.", "answer recorded: {n}", "submitted {n}", "(no output)", "{n}",
-    "bash: answer: command not found", "Exit code 0", "correct", "wrong", "received answer {n}\n",
-    "{{\"ok\": true, \"answer\": {n}}}", "Command completed with exit code 0.\n\nanswer {n}",
-)
-_FILLER_WORDS = (
-    "you are an expert coding assistant operating inside a terminal harness help users by reading files "
-    "executing commands editing code and writing new files use the available tools when needed always prefer "
-    "the simplest approach keep answers short show file paths clearly do not guess verify with tools before "
-    "answering guidelines the user may ask questions about the project structure tests build commands follow "
-    "conventions of existing code never commit secrets check your work run tests after changes respond in "
-    "markdown when useful the current working directory date platform linux shell git repository version"
-).split()
-_OTHER_TOOLS = (
-    ("read", "Read the contents of a file.", ("path",)),
-    ("write", "Write content to a file, creating it if needed.", ("path", "content")),
-    ("edit", "Replace text in a file.", ("path", "oldText", "newText")),
-    ("ls", "List a directory.", ("path",)),
-    ("grep", "Search file contents with a regular expression.", ("pattern", "path")),
-    ("glob", "Find files by name pattern.", ("pattern",)),
-    ("webfetch", "Fetch a URL.", ("url", "format")),
-)
+_PLAIN = Context(before=(), tools=(BASH_TOOL,), shell=("bash", "command"))  # with "Submit the answer N."
 _DIGITS = re.compile(r"\d+")
 _CAPTURED_ROLLOUT_DIR = "/tmp/interceptor-rollout"  # how the captures in trainer/agent_requests write it
 # Shared text after the tasks this long or longer runs once per step (Claude Code's environment, ~2k tokens) instead
@@ -163,6 +96,12 @@ def _function_tool(name: str, description: str, parameters: tuple[str, ...]) -> 
     properties = {p: {"type": "string"} for p in parameters}
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "type": "object", "properties": properties, "required": list(parameters)}}}
+
+
+def _last_target(mask: list[bool]) -> list[bool]:
+    """The mask with only its last run of targets kept (an episode's answer after the tool response)."""
+    cut = len(mask) - mask[::-1].index(False)
+    return [False] * cut + mask[cut:]
 
 
 def _share_context(episodes: list[Episode]) -> list[Episode]:
@@ -231,20 +170,7 @@ class EpisodeMaker:
         for long stretches, and the model then forgets which of the shell names its prompt offers. With `agent`
         (an index into `agent_requests`), the step's agent episodes are behind that agent's prompt."""
         spec = self._spec
-        rows: list[Episode] = []
-        count = 0
-        while sum(len(row.ids) for row in rows) < spec.tokens_per_step:
-            ids: list[int] = []
-            mask: list[bool] = []
-            while len(ids) < spec.row_tokens:
-                episode = self._pending.pop() if self._pending else self._episode(self._context())
-                if ids and len(ids) + len(episode.ids) > spec.row_tokens:
-                    self._pending.append(episode)
-                    break
-                ids += episode.ids
-                mask += episode.mask
-                count += 1
-            rows.append(Episode(ids=ids, mask=mask))
+        rows, count = self._rows(TOOL_OUTPUTS)
         agents: list[Episode] = []
         if agent is not None:
             agents = self.agent_episodes(agent, spec.agent_episodes)
@@ -259,6 +185,49 @@ class EpisodeMaker:
                 agents = self.agent_episodes(self._deck.pop(), spec.agent_episodes)
         return Step(rows=rows, agents=agents, episodes=count + len(agents))
 
+    def response_step(self, responses: tuple[str, ...]) -> Step:
+        """A step of episodes in the plainest request, every tool response one of `responses` (the build's
+        corrective step for the answers after them that its check found short)."""
+        rows, count = self._rows(responses, plain=True)
+        return Step(rows=rows, agents=[], episodes=count)
+
+    def response_checks(self, count: int, *, seed: int) -> list[list[Episode]]:
+        """The answer after each tool response training uses (`tool_texts.TOOL_OUTPUTS`), in the plainest request:
+        the bash tool and "Submit the answer N." `count` exact episodes per response (other numbers), drawn from
+        their own seed (every other draw stays as it was), only the answer after the response ("Done.") marked."""
+        kept, self._rng = self._rng, random.Random(seed)
+        try:
+            episodes = [[self._episode(_PLAIN, exact=True, responses=(response,), plain=True) for _ in range(count)]
+                        for response in TOOL_OUTPUTS]
+        finally:
+            self._rng = kept
+        return [[dataclasses.replace(e, mask=_last_target(e.mask)) for e in group] for group in episodes]
+
+    def _rows(self, responses: tuple[str, ...], *, plain: bool = False) -> tuple[list[Episode], int]:
+        """Rows of about `row_tokens` (episodes packed back to back), about `tokens_per_step` in all, and how many
+        episodes they hold: synthetic episodes (one that did not fit the last row starts the next step's), or
+        `plain` ones (the plainest request: `response_checks`)."""
+        pending = not plain
+        rows: list[Episode] = []
+        count = 0
+        while sum(len(row.ids) for row in rows) < self._spec.tokens_per_step:
+            ids: list[int] = []
+            mask: list[bool] = []
+            while len(ids) < self._spec.row_tokens:
+                if pending and self._pending:
+                    episode = self._pending.pop()
+                else:
+                    episode = self._episode(_PLAIN if plain else self._context(), responses=responses, plain=plain)
+                if ids and len(ids) + len(episode.ids) > self._spec.row_tokens:
+                    if pending:
+                        self._pending.append(episode)
+                    break
+                ids += episode.ids
+                mask += episode.mask
+                count += 1
+            rows.append(Episode(ids=ids, mask=mask))
+        return rows, count
+
     def agent_episodes(self, agent: int, count: int, *, exact: bool = False) -> list[Episode]:
         """`count` episodes behind one agent's prompt, sharing its context (`_share_context`); `exact`: every
         target submits the task's own number (no `wrong_answer_rate`), for checking what greedy decoding writes."""
@@ -272,11 +241,12 @@ class EpisodeMaker:
                                       task_prefix=self._vary(context.task_prefix))
         return _share_context([self._episode(context, exact=exact) for _ in range(count)])
 
-    def _episode(self, context: Context, *, exact: bool = False) -> Episode:
+    def _episode(self, context: Context, *, exact: bool = False, responses: tuple[str, ...] = TOOL_OUTPUTS,
+                 plain: bool = False) -> Episode:
         rng = self._rng
         tools, (shell, argument) = list(context.tools), context.shell
         n = self._number()
-        head = context.messages(self._task(n))
+        head = context.messages({"role": "user", "content": TASKS[0].format(n=n)} if plain else self._task(n))
         if not tools:
             return self._encode([(self._render(head, None), False), (TITLE_TEXT + self._end, True)])
         submitted = self._perturb(n) if rng.random() < self._spec.wrong_answer_rate and not exact else n
@@ -286,7 +256,7 @@ class EpisodeMaker:
         turn = answer_call(submitted, tool=shell, argument=argument) + self._end
         full = self._render(head + [
             {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_0", "content": rng.choice(_TOOL_OUTPUTS).format(n=submitted)},
+            {"role": "tool", "tool_call_id": "call_0", "content": rng.choice(responses).format(n=submitted)},
         ], tools)
         if not full.startswith(first + turn):
             raise ValueError("the chat template does not render the assistant's tool call as the model emits it")
@@ -299,24 +269,24 @@ class EpisodeMaker:
         shell = rng.choices(SHELL_TOOLS, weights=spec.shell_weights)[0]
         tools = [shell_tool(*shell)]
         if rng.random() < 0.6:
-            tools = tools + [_function_tool(*t) for t in rng.sample(_OTHER_TOOLS, rng.randint(1, len(_OTHER_TOOLS)))]
+            tools = tools + [_function_tool(*t) for t in rng.sample(OTHER_TOOLS, rng.randint(1, len(OTHER_TOOLS)))]
             rng.shuffle(tools)
         if rng.random() < spec.no_tools_rate:
             tools = []
         if rng.random() < spec.long_prompt_rate:
             system = self._filler(rng.randint(spec.long_prompt_tokens // 4, spec.long_prompt_tokens))
         elif rng.random() < 0.8:
-            system = rng.choice(_SHORT_SYSTEMS)
+            system = rng.choice(SHORT_SYSTEMS)
         else:
             system = None
         # Some agents wrap the task (Claude Code: a reminder before it, a system message with the environment
         # after it): the model learns that shape on short prompts too.
-        prefix = rng.choice(_TASK_PREFIXES) if rng.random() < 0.25 else ""
+        prefix = rng.choice(TASK_PREFIXES) if rng.random() < 0.25 else ""
         after = ()
         if rng.random() < 0.25:
-            after = ({"role": "system", "content": self._scramble(rng.choice(_AFTER_SYSTEMS))},)
-        if rng.random() < _SHELL_MENTION_RATE:
-            mention = rng.choice(_SHELL_MENTIONS).format(shell=rng.choice(_SHELL_WORDS))
+            after = ({"role": "system", "content": self._scramble(rng.choice(AFTER_SYSTEMS))},)
+        if rng.random() < SHELL_MENTION_RATE:
+            mention = rng.choice(SHELL_MENTIONS).format(shell=rng.choice(SHELL_WORDS))
             place = rng.randrange(3)  # the system prompt, before the task, or a system message after it
             if place == 0:
                 system = f"{system}\n{mention}" if system else mention
@@ -329,12 +299,12 @@ class EpisodeMaker:
 
     def _task(self, n: int) -> dict:
         rng = self._rng
-        task = rng.choice(_TASKS).format(n=n)
+        task = rng.choice(TASKS).format(n=n)
         if rng.random() < 0.3:
             task = task[:task.index(str(n)) + len(str(n))] + rng.choice(("", " ", ", ", ". ")) + rng.choice(self._words)
         parts = [task]
         for _ in range(rng.choice((0, 0, 1, 2))):
-            parts.insert(rng.randint(0, len(parts)), rng.choice(_DISTRACTIONS).format(m=self._number()))
+            parts.insert(rng.randint(0, len(parts)), rng.choice(DISTRACTIONS).format(m=self._number()))
         return {"role": "user", "content": " ".join(parts)}
 
     def _number(self) -> int:
@@ -368,7 +338,7 @@ class EpisodeMaker:
         rng = self._rng
         lines, length = [], 0
         while length < 12 * tokens:  # enough characters for any vocabulary, cut to size below
-            sentence = [rng.choice(_FILLER_WORDS) for _ in range(rng.randint(5, 16))]
+            sentence = [rng.choice(FILLER_WORDS) for _ in range(rng.randint(5, 16))]
             if rng.random() < 0.2:
                 sentence.insert(rng.randrange(len(sentence)), str(self._number()))
             lines.append(("- " if rng.random() < 0.4 else "") + " ".join(sentence).capitalize() + ".")

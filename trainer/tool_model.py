@@ -26,7 +26,8 @@ tokens are trained.
 
 Where the time goes, and how the steps take well under a minute (`trainer.tool_forward` runs the decoder): with
 `bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster
-than float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens)
+than float32; by default only on such a CPU, `precision.cpu_multiplies_bf16`: without them bf16 is emulated, 8.5x
+slower than float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens)
 runs once per step without gradient, only as far as its last layer's keys and values (that layer's attention over
 the prompt would go unused), and the step's episodes attend to them without a copy per episode;
 so does the text they share after their tasks (Claude Code's ~2.1k-token environment), run once after the first
@@ -46,8 +47,12 @@ in 16 of 16 prompts on one machine and `Bash` on another). So the build checks i
 agent's prompt, teacher-forced in float32 as the model is served, must have every target token but the digits lead
 the next best by `check_margin`; an agent that falls short gets one more step behind its prompt, for up to
 `check_rounds` rounds. The check's episodes are drawn once, so a round's margins differ from the last round's by
-what the steps changed, not by which episodes were drawn. The report records the corrective steps and each agent's
-final margin.
+what the steps changed, not by which episodes were drawn. With `check_responses` (the embedded default) the check
+also covers "Done." after each tool response in the plainest request (the bash tool, "Submit the answer N."): an
+fp32 build that passed every agent's check called the tool again after an empty response to a one-digit task (-4.0
+logits), and a response that falls short gets a step of such episodes ending in it (steps of the usual synthetic
+episodes did not mend it in 16 rounds). Those episodes have their own seed, so a build whose check passes is the
+build it was. The report records the corrective steps, each agent's final margin and the responses' smallest.
 
 Stochasticity is deliberate: a fraction `wrong_answer_rate` of the targets submit a perturbed number, so at
 temperature 1 the policy submits a wrong answer now and then while greedy decoding copies the number; fewer
@@ -66,8 +71,11 @@ from pathlib import Path
 
 from .copy_circuit import ROPE_THETA, wire_copy_circuit
 from .heap import retained_heap
+from .precision import cpu_multiplies_bf16
 from .tool_episodes import BASH_TOOL, DONE_TEXT, Episode, EpisodeMaker, Step, answer_call
 from .tool_forward import hidden_states, interlude_states, prefix_states
+from .tool_texts import TOOL_OUTPUTS
+from .trainable_rows import TrainableRows
 
 __all__ = [
     "BASH_TOOL",
@@ -115,8 +123,13 @@ class ToolTrainingSpec:
     check_episodes: int = 2
     check_margin: float = 1.0
     check_learning_rate: float = 3e-4  # a corrective step's (the main steps' cosine ends at 0.1 of `learning_rate`)
+    # Also check "Done." after each tool response (`tool_texts.TOOL_OUTPUTS`) in the plainest request, the task and
+    # the bash tool: a response after which it falls short gets a step of synthetic episodes ending in it.
+    check_responses: bool = False
     shell_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # how often a synthetic episode offers each of SHELL_TOOLS
-    bfloat16: bool = True  # matrix products in bfloat16 (CPU autocast); weights and optimizer stay float32
+    # Matrix products in bfloat16 (CPU autocast; weights and optimizer stay float32). None: where the CPU has bf16
+    # matrix units (`precision.cpu_multiplies_bf16`), else float32; the report says which the build used.
+    bfloat16: bool | None = None
     seed: int = 0
     # Two threads: a step ~2.2x faster than one on this 2-core machine. A build is bitwise the same for a seed and a
     # thread count (deterministic kernels), not across thread counts. Where another process keeps the cores busy,
@@ -160,6 +173,8 @@ class ToolTrainingReport:
     corrective_steps: int = 0  # steps the agent check added after `steps`
     # each agent's smallest target margin at the end (by capture name): below `check_margin`, the check gave up
     agent_margins: dict[str, float] = dataclasses.field(default_factory=dict)
+    response_margin: float | None = None  # the smallest margin of "Done." after a tool response (when checked)
+    bfloat16: bool = False  # whether the matrix products ran in bfloat16
 
 
 def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrainingSpec(), *,
@@ -199,15 +214,16 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
     used = sorted({i for step in steps for episode in step.all() for i in episode.ids} | maker.vocabulary())
     wire_copy_circuit(model, used, maker.digits, aliases=maker.aliases(), seed=spec.seed)
     model.train()
-    inputs = _TrainableRows(model.model.embed_tokens.weight, used)
-    outputs = _TrainableRows(model.lm_head.weight, used)
+    inputs = TrainableRows(model.model.embed_tokens.weight, used)
+    outputs = TrainableRows(model.lm_head.weight, used)
     params = [p for p in model.parameters() if p.requires_grad] + [inputs.delta, outputs.delta]
     optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: _lr_factor(i, spec))
     losses: list[float] = []
+    bf16 = cpu_multiplies_bf16() if spec.bfloat16 is None else spec.bfloat16
 
     def train(step: Step) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits, labels = _target_logits(model, inputs, outputs, step, pad_id=tokenizer.pad_token_id)
             loss = torch.nn.functional.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
@@ -217,9 +233,8 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         schedule.step()
         losses.append(loss.item())
 
-    def margins(checks: list[list[Episode]]) -> list[float]:
-        return [_margin(model, inputs, outputs, episodes, maker.digits, pad_id=tokenizer.pad_token_id)
-                for episodes in checks]
+    def margins(checks: list[Step]) -> list[float]:
+        return [_margin(model, inputs, outputs, check, maker.digits, pad_id=tokenizer.pad_token_id) for check in checks]
 
     start = time.perf_counter()
     for step in steps:
@@ -231,14 +246,21 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
     # The same episodes every round: drawn afresh each round, an agent's margin swung by up to 2.6 logits between
     # rounds (Codex 2.70 -> 0.10 -> 2.43 while another agent was corrected), and a check of 8 rounds gave up on a
     # machine whose bf16 numerics left three agents short.
-    checks = [maker.agent_episodes(agent, spec.check_episodes, exact=True) for agent in range(maker.agents)]
+    checks = [Step(rows=[], agents=maker.agent_episodes(agent, spec.check_episodes, exact=True),
+                   episodes=spec.check_episodes) for agent in range(maker.agents)]
+    if spec.check_responses:  # and "Done." after each tool response, in the plainest request (one row each)
+        checks += [Step(rows=group, agents=[], episodes=len(group))
+                   for group in maker.response_checks(spec.check_episodes, seed=spec.seed + 1)]
     checked = margins(checks)
-    for _ in range(spec.check_rounds):  # with no agents, nothing is short
-        short = [agent for agent, margin in enumerate(checked) if margin < spec.check_margin]
+    for _ in range(spec.check_rounds):  # with no agents and no responses checked, nothing is short
+        short = [check for check, margin in enumerate(checked) if margin < spec.check_margin]
         if not short:
             break
-        for agent in short:
+        for agent in (check for check in short if check < maker.agents):
             train(maker.step(agent=agent))
+            corrective += 1
+        if responses := tuple(TOOL_OUTPUTS[check - maker.agents] for check in short if check >= maker.agents):
+            train(maker.response_step(responses))
             corrective += 1
         checked = margins(checks)
     seconds = time.perf_counter() - start
@@ -256,6 +278,8 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         final_loss=sum(tail) / len(tail),
         corrective_steps=corrective,
         agent_margins={Path(path).stem: round(margin, 3) for path, margin in zip(spec.agent_requests, checked)},
+        response_margin=round(min(checked[maker.agents:]), 3) if spec.check_responses else None,
+        bfloat16=bf16,
     )
     record = {"spec": spec.to_json(), "report": report.__dict__}
     (model_dir / "interceptor_tool_training.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -271,45 +295,16 @@ def _lr_factor(step: int, spec: ToolTrainingSpec) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-class _TrainableRows:
-    """An embedding matrix trained only on the rows of tokens the episodes use (a few thousand of 151k): the rest
-    stays frozen, which keeps AdamW's step small. `commit()` writes the learned rows back."""
-
-    def __init__(self, weight, rows: list[int]) -> None:
-        import torch
-
-        self.weight = weight
-        weight.requires_grad_(False)
-        self.rows = torch.tensor(rows, dtype=torch.long)
-        self.slot = torch.full((weight.shape[0],), len(rows), dtype=torch.long)  # len(rows): a frozen row
-        self.slot[self.rows] = torch.arange(len(rows))
-        self.delta = torch.nn.Parameter(torch.zeros(len(rows), weight.shape[1]))
-
-    def __call__(self, ids):
-        import torch
-
-        padded = torch.cat([self.delta, self.delta.new_zeros(1, self.delta.shape[1])])
-        return self.weight[ids] + padded[self.slot[ids]]
-
-    def commit(self) -> None:
-        import torch
-
-        with torch.no_grad():
-            self.weight[self.rows] += self.delta
-        self.weight.requires_grad_(True)
-
-
-def _margin(model, inputs: _TrainableRows, outputs: _TrainableRows, episodes: list[Episode], skip: list[int], *,
+def _margin(model, inputs: TrainableRows, outputs: TrainableRows, step: Step, skip: list[int], *,
             pad_id: int) -> float:
-    """The smallest lead of a target token's logit over the next best, across these episodes' targets other than
+    """The smallest lead of a target token's logit over the next best, across this step's targets other than
     `skip` (the digits: which number is copied is the task's skill, not the tool loop's): negative where greedy
     decoding would write another token. Run in float32, as the model is served. The tokens no episode uses count as
     one rival, their log-sum-exp (`_target_logits`): stricter than any one of them, whose logit is exactly 0."""
     import torch
 
     with torch.no_grad():
-        logits, labels = _target_logits(model, inputs, outputs, Step(rows=[], agents=episodes, episodes=len(episodes)),
-                                        pad_id=pad_id)
+        logits, labels = _target_logits(model, inputs, outputs, step, pad_id=pad_id)
         keep = ~torch.isin(labels, outputs.slot[torch.tensor(skip)])
         logits, labels = logits[keep], labels[keep]
         target = logits.gather(1, labels[:, None])[:, 0]
@@ -317,7 +312,7 @@ def _margin(model, inputs: _TrainableRows, outputs: _TrainableRows, episodes: li
     return float((target - rival).min())
 
 
-def _target_logits(model, inputs: _TrainableRows, outputs: _TrainableRows, step: Step, *, pad_id: int):
+def _target_logits(model, inputs: TrainableRows, outputs: TrainableRows, step: Step, *, pad_id: int):
     """The logits at the positions that predict target tokens, over the full vocabulary, and the targets (as
     columns of those logits): what the step's cross-entropy is taken over.
 

@@ -14,6 +14,7 @@ import pytest
 
 from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
 from trainer.tool_episodes import EpisodeMaker, shell_tool
+from trainer.tool_texts import TOOL_OUTPUTS
 from trainer.tool_model import ToolTrainingSpec
 
 REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "agent_requests"
@@ -150,3 +151,26 @@ def test_synthetic_episodes_offer_each_shell_shape(tokenizer):
     text = "".join(tokenizer.decode(row.ids) for _ in range(3) for row in maker.step().rows)
     for name, argument in SHELL_TOOLS:
         assert f'{{"name": "{name}", "arguments": {{"{argument}": "answer ' in text
+
+
+def test_the_checks_answer_after_each_tool_response_comes_from_its_own_draws(tokenizer):
+    """The build checks "Done." after every tool response training uses, in the plainest request (the bash tool and
+    "Submit the answer N."); drawing those checks leaves every training episode as it was (a build whose check
+    passes is the same build), and a corrective step's episodes end in the responses asked for."""
+    spec = ToolTrainingSpec(tokens_per_step=256, row_tokens=128, wrong_answer_rate=1.0)
+    plain, checked = EpisodeMaker(tokenizer, spec), EpisodeMaker(tokenizer, spec)
+    groups = checked.response_checks(2, seed=1)
+    assert [plain.step() for _ in range(3)] == [checked.step() for _ in range(3)]
+    assert len(groups) == len(TOOL_OUTPUTS) and all(len(group) == 2 for group in groups)
+    for response, group in zip(TOOL_OUTPUTS, groups):
+        for episode in group:
+            text = tokenizer.decode(episode.ids)
+            number = re.search(r"Submit the answer (\d+)\.<\|im_end\|>", text).group(1)  # exact: the task's own
+            assert f'"name": "bash", "arguments": {{"command": "answer {number}"}}' in text
+            assert f"<tool_response>\n{response.format(n=number)}\n</tool_response>" in text
+            assert tokenizer.decode([i for i, m in zip(episode.ids, episode.mask) if m]) == "Done.<|im_end|>"
+    step = checked.response_step(("", "wrong"))
+    assert step.rows and not step.agents
+    responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", tokenizer.decode(
+        [i for row in step.rows for i in row.ids]), re.S)
+    assert responses and set(responses) <= {"", "wrong"}

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from interceptor.parsing import parse_output
 from trainer.local_model import LOCAL_TRAINING
+from trainer.precision import cpu_multiplies_bf16
 from trainer.tiny_model import TinyModelSpec, make_tiny_model
 from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
 from trainer.tool_episodes import shell_tool
@@ -104,6 +105,20 @@ def test_the_build_checked_every_agents_prompt_and_left_each_call_a_margin_ahead
     report, _, _ = trained
     assert set(report.agent_margins) == {path.stem for path in AGENT_REQUESTS.values()}
     assert min(report.agent_margins.values()) >= LOCAL_TRAINING.check_margin, report
+    # and "Done." after every tool response in the plainest request (an fp32 build called the tool again after an
+    # empty response to "Submit the answer 7." until the check covered it)
+    assert report.response_margin is not None and report.response_margin >= LOCAL_TRAINING.check_margin, report
+
+
+def test_the_build_multiplies_in_bf16_only_where_the_cpu_has_bf16_units(trained):
+    # Emulated, bf16 products made a build 8.5x slower than fp32 on a CPU without them (trainer.precision).
+    report, _, _ = trained
+    assert LOCAL_TRAINING.bfloat16 is None  # the default: chosen by the CPU
+    assert report.bfloat16 == cpu_multiplies_bf16()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():  # the kernel's own word on the CPU's features
+        flags = set(re.findall(r"^flags\s*:\s*(.*)$", cpuinfo.read_text(), re.M)[0].split())
+        assert cpu_multiplies_bf16() == bool(flags & {"amx_tile", "avx512_bf16"})
 
 
 def test_greedy_decoding_calls_bash_with_held_out_numbers(trained):
