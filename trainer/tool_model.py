@@ -27,10 +27,10 @@ tokens are trained.
 Where the time goes, and how the steps take well under a minute (`trainer.tool_forward` runs the decoder): with
 `bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster
 than float32; by default only on such a CPU, `precision.cpu_multiplies_bf16`: without them bf16 is emulated, 8.5x
-slower than float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens)
-runs once per step without gradient, only as far as its last layer's keys and values (that layer's attention over
-the prompt would go unused), and the step's episodes attend to them without a copy per episode;
-so does the text they share after their tasks (Claude Code's ~2.1k-token environment), run once after the first
+slower than float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k
+tokens) runs once per step without gradient, only as far as its last layer's keys and values (that layer's
+attention over the prompt would go unused), and the step's episodes attend to them without a copy per episode; so
+does the text they share after their tasks (Claude Code's ~2.1k-token environment), run once after the first
 episode's task and seen by each episode at its own positions. Each episode's own task keeps its gradient: without it
 the model learnt to copy the tool name from a shell-like word in the prompt (Pi's "Bash command to execute",
 Claude Code's "Shell: bash") instead of from the offered tool; for the same reason synthetic prompts name shells in
@@ -124,7 +124,7 @@ class ToolTrainingSpec:
     check_margin: float = 1.0
     check_learning_rate: float = 3e-4  # a corrective step's (the main steps' cosine ends at 0.1 of `learning_rate`)
     # Also check "Done." after each tool response (`tool_texts.TOOL_OUTPUTS`) in the plainest request, the task and
-    # the bash tool: a response after which it falls short gets a step of synthetic episodes ending in it.
+    # the bash tool: a response after which it falls short gets a step of such episodes ending in it.
     check_responses: bool = False
     shell_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # how often a synthetic episode offers each of SHELL_TOOLS
     # Matrix products in bfloat16 (CPU autocast; weights and optimizer stay float32). None: where the CPU has bf16
@@ -170,7 +170,7 @@ class ToolTrainingReport:
     seconds: float  # the training loop alone (episodes are made before it)
     first_loss: float
     final_loss: float  # mean over the last 10% of steps
-    corrective_steps: int = 0  # steps the agent check added after `steps`
+    corrective_steps: int = 0  # steps the check added after `steps`
     # each agent's smallest target margin at the end (by capture name): below `check_margin`, the check gave up
     agent_margins: dict[str, float] = dataclasses.field(default_factory=dict)
     response_margin: float | None = None  # the smallest margin of "Done." after a tool response (when checked)
