@@ -240,8 +240,8 @@ class Trajectory:
         branch.messages = [*plan.request_messages, returned]
         branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
         branch.busy = False
-        delta = {"b": branch.number, "p": orjson.Fragment(plan.new_prompt.json), "t": generation.token_ids, "l": generation.logprobs,
-                 "turn": {name: getattr(turn, name) for name in _TURN_FIELDS}}
+        delta = {"b": branch.number, "p": orjson.Fragment(plan.new_prompt.json), "t": generation.token_ids,
+                 "l": generation.logprobs, "turn": {name: getattr(turn, name) for name in _TURN_FIELDS}}
         if first:
             delta.update(o=branch.origin, fr=branch.fork_reason, tk=branch.tools_digest, sk=branch.system_digest)
         return delta

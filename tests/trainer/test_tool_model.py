@@ -1,8 +1,8 @@
-"""`train_tool_calling`: the embedded default (a tiny model trained offline in a minute or two) calls whichever shell tool
-the request offers (`bash(command)`, `Bash(command)`, `exec_command(cmd)`) with `answer N` for numbers and phrasings
-it never saw, inside the four agents' real prompts too, says "Done." after the tool response, keeps some sampling
-variance, and trains the same way twice for a seed. Generation is plain transformers `generate` on the model's own
-chat template; calls are parsed with the interceptor's own parser."""
+"""`train_tool_calling`: the embedded default (a tiny model trained offline in a minute or two) calls whichever shell
+tool the request offers (`bash(command)`, `Bash(command)`, `exec_command(cmd)`) with `answer N` for numbers and
+phrasings it never saw, inside the four agents' real prompts too, says "Done." after the tool response, keeps some
+sampling variance, and trains the same way twice for a seed. Generation is plain transformers `generate` on the
+model's own chat template; calls are parsed with the interceptor's own parser."""
 
 from __future__ import annotations
 
