@@ -1,0 +1,60 @@
+"""`corrected`, the tool model build's check loop: after a round only what fell short is measured again, every check
+is measured once that passes, and the margins it returns are all the final weights'. The "model" here is a version
+number that each corrective round advances, and each check's margin a table of it."""
+
+from __future__ import annotations
+
+from trainer.tool_check import corrected
+
+
+class Model:
+    def __init__(self, margins: list[list[float]]) -> None:
+        self.margins = margins  # margins[version][check]
+        self.version = 0
+        self.corrections: list[list[int]] = []
+        self.measured: list[tuple[int, int]] = []  # (version, check)
+
+    def measure(self, check: int) -> float:
+        self.measured.append((self.version, check))
+        return self.margins[self.version][check]
+
+    def correct(self, short: list[int]) -> None:
+        self.corrections.append(list(short))
+        self.version += 1
+
+    def run(self, *, rounds: int = 16) -> list[float]:
+        return corrected(len(self.margins[0]), self.measure, self.correct, rounds=rounds, margin=1.0)
+
+
+def test_a_check_that_passes_at_once_corrects_nothing_and_measures_each_check_once():
+    model = Model([[1.5, 2.0, 1.0]])
+    assert model.run() == [1.5, 2.0, 1.0]
+    assert model.corrections == []
+    assert model.measured == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_after_a_round_only_the_checks_that_fell_short_are_measured_again():
+    model = Model([[0.5, 2.0, 2.0], [0.8, 2.0, 2.0], [1.2, 2.0, 2.0]])
+    assert model.run() == [1.2, 2.0, 2.0]
+    assert model.corrections == [[0], [0]]
+    assert model.measured == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 0), (2, 1), (2, 2)]
+
+
+def test_a_check_that_fell_short_meanwhile_is_corrected_after_the_full_measure():
+    model = Model([[0.5, 2.0, 2.0], [1.5, 0.8, 2.0], [1.4, 1.2, 2.0]])
+    assert model.run() == [1.4, 1.2, 2.0]
+    assert model.corrections == [[0], [1]]
+    assert all(version == 2 for version, _ in model.measured[-3:])
+
+
+def test_a_check_that_gives_up_returns_every_margin_at_the_final_weights():
+    model = Model([[0.5, 2.0], [0.6, 1.9], [0.7, 1.8], [0.8, 0.9]])
+    assert model.run(rounds=3) == [0.8, 0.9]
+    assert model.corrections == [[0], [0], [0]]
+    assert model.measured[-2:] == [(3, 0), (3, 1)]
+
+
+def test_no_rounds_measures_once_and_corrects_nothing():
+    model = Model([[0.5, 2.0]])
+    assert model.run(rounds=0) == [0.5, 2.0]
+    assert model.corrections == []
