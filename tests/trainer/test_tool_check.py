@@ -1,6 +1,6 @@
-"""`corrected`, the tool model build's check loop: after a round only what fell short is measured again, every check
-is measured once that passes, and the margins it returns are all the final weights'. The "model" here is a version
-number that each corrective round advances, and each check's margin a table of it."""
+"""`corrected`, the tool model build's check loop: after a round only what fell short is measured again, every other
+check once that passes, no check twice at the same weights, and the margins it returns are all the final weights'.
+The "model" here is a version number that each corrective round advances, and each check's margin a table of it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ class Model:
         self.measured: list[tuple[int, int]] = []  # (version, check)
 
     def measure(self, check: int) -> float:
+        assert (self.version, check) not in self.measured, "measured twice at the same weights"
         self.measured.append((self.version, check))
         return self.margins[self.version][check]
 
@@ -37,7 +38,7 @@ def test_after_a_round_only_the_checks_that_fell_short_are_measured_again():
     model = Model([[0.5, 2.0, 2.0], [0.8, 2.0, 2.0], [1.2, 2.0, 2.0]])
     assert model.run() == [1.2, 2.0, 2.0]
     assert model.corrections == [[0], [0]]
-    assert model.measured == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 0), (2, 1), (2, 2)]
+    assert model.measured == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (2, 2)]
 
 
 def test_a_check_that_fell_short_meanwhile_is_corrected_after_the_full_measure():
@@ -52,6 +53,12 @@ def test_a_check_that_gives_up_returns_every_margin_at_the_final_weights():
     assert model.run(rounds=3) == [0.8, 0.9]
     assert model.corrections == [[0], [0], [0]]
     assert model.measured[-2:] == [(3, 0), (3, 1)]
+
+
+def test_a_check_that_gives_up_does_not_measure_again_what_passed_in_its_last_round():
+    model = Model([[0.5, 0.5, 2.0], [1.5, 0.6, 2.0]])
+    assert model.run(rounds=1) == [1.5, 0.6, 2.0]
+    assert model.measured[3:] == [(1, 0), (1, 1), (1, 2)]
 
 
 def test_no_rounds_measures_once_and_corrects_nothing():
