@@ -48,7 +48,7 @@ agent's prompt, teacher-forced in float32 as the model is served, must have ever
 the next best by `check_margin`; an agent that falls short gets one more step behind its prompt, for up to
 `check_rounds` rounds. The check's episodes are drawn once, so a round's margins differ from the last round's by
 what the steps changed, not by which episodes were drawn. After a round only what fell short is measured again, and
-every check once that passes (`trainer.tool_check`: on an AMX CPU the same corrective steps as measuring everything
+every other check once that passes (`trainer.tool_check`: on an AMX CPU the same corrective steps as measuring all
 after every round, 82 s of training against 90 s). With `check_responses` (the embedded default) the check also
 covers "Done." after each tool response in the plainest request (the bash tool, "Submit the answer N."): an
 fp32 build that passed every agent's check called the tool again after an empty response to a one-digit task (-4.0
