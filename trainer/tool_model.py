@@ -237,7 +237,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         schedule.step()
         losses.append(loss.item())
 
-    def margin(check: Step) -> float:
+    def measure(check: Step) -> float:
         return _margin(model, inputs, outputs, check, maker.digits, pad_id=tokenizer.pad_token_id)
 
     start = time.perf_counter()
@@ -261,7 +261,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         if responses := tuple(TOOL_OUTPUTS[check - maker.agents] for check in short if check >= maker.agents):
             train(maker.response_step(responses))
 
-    checked = corrected(len(checks), lambda check: margin(checks[check]), correct, rounds=spec.check_rounds,
+    checked = corrected(len(checks), lambda check: measure(checks[check]), correct, rounds=spec.check_rounds,
                          margin=spec.check_margin)
     seconds = time.perf_counter() - start
     inputs.commit()
