@@ -26,8 +26,9 @@ robin, turn by turn (the order rotating each round), so machine noise hits them 
   `--slices` slices taken in turn; turns/s and the ratio to verifiers. With `--gate-workers 1,2`, the gate also runs
   as `interceptor serve --workers N` for each N above 1 (target `gate_wN`, throughput only; rollouts opened through
   its front, turns sent to their worker); N = 1 is the `gate` row itself.
-- first turn: a fresh rollout whose first request carries ~32k tokens, while a steady rollout (~1k history, 10 ms of
-  "tool time" between turns) runs; the big turn's latency, and the steady p99 while it ran vs just before.
+- first turn: fresh rollouts whose first request carries ~32k tokens, sent one after the other in windows of
+  FIRST_TURNS_PER_WINDOW, while `--steady-rollouts` rollouts (~1k history, 5-15 ms of "tool time" between turns) run;
+  the big turns' latency, and the steady turns' p50/p99 while they ran vs the second before (and how many turns).
 The fake upstream answers at once: these figures measure the proxies, not a model. All processes share the machine's
 cores (2 here), so a busy proxy also slows the load generator: compare ratios within a run, not across machines.
 """
@@ -38,6 +39,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -60,7 +62,8 @@ PEERS_PYTHON = ROOT / "bench" / ".venv-peers" / "bin" / "python"  # verifiers (s
 LITELLM_PYTHON = ROOT / "bench" / ".venv-litellm" / "bin" / "python"  # apart: its pins conflict with verifiers'
 MODEL_CACHE = Path.home() / ".cache" / "interceptor" / "bench-tiny-real-vocab"
 ROLLOUT_TURNS = 16  # throughput: a rollout's length before a fresh one replaces it
-STEADY_TOOL_S = 0.01  # first turn: the steady rollout's tool time between turns
+STEADY_TOOL_S = 0.01  # first turn: the steady rollouts' mean tool time between turns (5-15 ms)
+FIRST_TURNS_PER_WINDOW = 10  # first turn: big requests sent back to back in one window, the windows rotating targets
 
 
 def rotated(items: Sequence, by: int) -> list:
@@ -229,53 +232,67 @@ async def throughput(http: aiohttp.ClientSession, targets: list[Target], rollout
 # ------------------------------------------------------------------------------------------------ first turn
 
 
-async def first_turn_window(http: aiohttp.ClientSession, target: Target, big_lines: int,
-                            quiet_s: float) -> tuple[float, int, list[float], list[float]]:
-    steady = await open_conversation(http, target)
-    await grow(http, [steady], 1000)
+async def first_turn_window(http: aiohttp.ClientSession, target: Target, big_lines: int, bigs: int,
+                            steady_rollouts: int, quiet_s: float) -> tuple[list[float], int, list[float], list[float]]:
+    """`steady_rollouts` rollouts (~1k history, STEADY_TOOL_S of tool time between turns) run for `quiet_s`, then
+    `bigs` fresh rollouts send their big first request one after the other (each closed when answered). The big
+    turns' seconds, the prompt tokens of the last, and the steady turns' seconds before and during the big ones."""
+    steady = [await open_conversation(http, target) for _ in range(steady_rollouts)]
+    await grow(http, steady, 1000)
     spans: list[tuple[float, float]] = []
     stop = asyncio.Event()
 
-    async def steady_loop() -> None:
+    async def steady_loop(convo: Conversation, index: int) -> None:
+        tool_time = random.Random(index)  # jittered, so that the steady rollouts do not fall into step
         while not stop.is_set():
             started = time.perf_counter()
-            await chat_turn(http, steady, 1)
+            await chat_turn(http, convo, 1)
             spans.append((started, time.perf_counter()))
-            await asyncio.sleep(STEADY_TOOL_S)
+            await asyncio.sleep(STEADY_TOOL_S * (0.5 + tool_time.random()))
 
-    async with asyncio.TaskGroup() as group:  # the steady loop ends with the big turn (or is cancelled if it fails)
-        group.create_task(steady_loop())
+    big_seconds: list[float] = []
+    async with asyncio.TaskGroup() as group:  # the steady loops end with the big turns (or are cancelled on a failure)
+        for index, convo in enumerate(steady):
+            group.create_task(steady_loop(convo, index))
         try:
             await asyncio.sleep(quiet_s)
-            big = await open_conversation(http, target, task_lines=big_lines)
-            big_started = time.perf_counter()
-            await chat_turn(http, big, 1)
-            big_ended = time.perf_counter()
+            window_started = time.perf_counter()
+            for _ in range(bigs):
+                big = await open_conversation(http, target, task_lines=big_lines)
+                big_seconds.append(await chat_turn(http, big, 1))
+                await target.close(http, big.endpoint)
+            window_ended = time.perf_counter()
         finally:
             stop.set()
-    await target.close(http, big.endpoint)
-    await target.close(http, steady.endpoint)
-    quiet = [e - s for s, e in spans if e < big_started]
-    loaded = [e - s for s, e in spans if s < big_ended and e > big_started]
-    return big_ended - big_started, big.prompt_tokens, quiet, loaded
+    for convo in steady:
+        await target.close(http, convo.endpoint)
+    quiet = [e - s for s, e in spans if e < window_started]
+    loaded = [e - s for s, e in spans if s < window_ended and e > window_started]
+    return big_seconds, big.prompt_tokens, quiet, loaded
 
 
-async def first_turn(http: aiohttp.ClientSession, targets: list[Target], repeats: int, history_tokens: int) -> dict:
+async def first_turn(http: aiohttp.ClientSession, targets: list[Target], args: argparse.Namespace) -> dict:
     results: dict[str, dict[str, list]] = {t.name: {"big": [], "tokens": [], "quiet": [], "loaded": []}
                                            for t in targets}
-    for repeat in range(repeats):
-        for target in rotated(targets, repeat):
-            big, tokens, quiet, loaded = await first_turn_window(http, target, history_tokens // TOKENS_PER_LINE, 1.0)
+    windows = max(1, args.first_turns // FIRST_TURNS_PER_WINDOW)
+    for window in range(windows):
+        for target in rotated(targets, window):
+            big, tokens, quiet, loaded = await first_turn_window(
+                http, target, args.first_tokens // TOKENS_PER_LINE, -(-args.first_turns // windows),
+                args.steady_rollouts, 1.0)
             row = results[target.name]
-            row["big"].append(big)
+            row["big"] += big
             row["tokens"].append(tokens)
             row["quiet"] += quiet
             row["loaded"] += loaded
     return {name: {"first_turn_p50_ms": pct(row["big"], 0.5) * 1e3, "first_turn_max_ms": max(row["big"]) * 1e3,
                    "first_prompt_tokens": max(row["tokens"]) if name == "gate" else None,  # only the gate's is exact
-                   "steady_p99_quiet_ms": pct(row["quiet"], 0.99) * 1e3 if row["quiet"] else None,
-                   "steady_p99_during_ms": pct(row["loaded"], 0.99) * 1e3 if row["loaded"] else None,
-                   "steady_turns_during": len(row["loaded"])}
+                   "steady_p50_quiet_ms": pct(row["quiet"], 0.5) * 1e3,
+                   "steady_p50_during_ms": pct(row["loaded"], 0.5) * 1e3,
+                   "steady_p99_quiet_ms": pct(row["quiet"], 0.99) * 1e3,
+                   "steady_p99_during_ms": pct(row["loaded"], 0.99) * 1e3,
+                   "p99_ratio": pct(row["loaded"], 0.99) / pct(row["quiet"], 0.99),
+                   "steady_turns_quiet": len(row["quiet"]), "steady_turns_during": len(row["loaded"])}
             for name, row in results.items()}
 
 
@@ -310,7 +327,7 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
                                                              args.slices))
                   for n in args.rollouts),
                 (f"first_turn_{args.first_tokens // 1000}k",
-                 lambda: first_turn(http, proxies, args.first_turns, args.first_tokens)),
+                 lambda: first_turn(http, proxies, args)),
             ]
             for name, step in steps:
                 if name.rsplit("_", 1)[0] not in args.steps:
@@ -350,12 +367,16 @@ def main() -> int:
                         help="throughput: also the gate with these worker counts (e.g. 1,2): a row gate_wN per N "
                              "above 1; 1 is the gate row itself (added to --targets)")
     parser.add_argument("--first-tokens", type=int, default=32_000, help="first turn: the big request's size")
-    parser.add_argument("--first-turns", type=int, default=5, help="first turn: big first requests per target")
+    parser.add_argument("--first-turns", type=int, default=20, help="first turn: big first requests per target")
+    parser.add_argument("--steady-rollouts", type=int, default=4,
+                        help="first turn: steady rollouts running meanwhile, whose p99 is measured")
     parser.add_argument("--steps", type=lambda text: set(text.split(",")),
                         default={"latency", "flatness", "throughput", "first_turn"}, help="which measures to run")
     parser.add_argument("--logs", type=Path, help="keep the servers' logs and records here (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if args.first_turns < 1 or args.steady_rollouts < 1:
+        parser.error("--first-turns and --steady-rollouts must be at least 1")
     if args.targets is None:
         installed = {"verifiers": PEERS_PYTHON.exists(), "litellm": LITELLM_PYTHON.exists()}
         args.targets = ",".join(["gate", "black_box", *(name for name, ok in installed.items() if ok)])
