@@ -35,9 +35,12 @@ class Recorder:
         _set_aside_torn_tail(self.path)
 
     async def write(self, record: RolloutRecord) -> None:
-        line = record.to_json() + b"\n"
+        await self.write_line(record.to_json())
+
+    async def write_line(self, line: bytes) -> None:
+        """A record already serialised (`RolloutRecord.to_json`: one line, no newline)."""
         async with self._lock:
-            await asyncio.to_thread(self._append, line)
+            await asyncio.to_thread(self._append, line + b"\n")
 
     def _append(self, line: bytes) -> None:
         with open(self.path, "ab") as f:

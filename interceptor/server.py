@@ -295,7 +295,22 @@ class InterceptionServer:
         reward: float | None = None,
         accept_upstream_failures: str | None = None,
     ) -> RolloutRecord:
-        """End a rollout: it takes no more requests, and its record is on disk before this returns.
+        """End a rollout: it takes no more requests, and its record is on disk before this returns (`finish`)."""
+        record, _ = await self.finish(rollout_id, status=status, failure=failure, reward=reward,
+                                      accept_upstream_failures=accept_upstream_failures)
+        return record
+
+    async def finish(
+        self,
+        rollout_id: str,
+        *,
+        status: RolloutStatus = "ok",
+        failure: Failure | None = None,
+        reward: float | None = None,
+        accept_upstream_failures: str | None = None,
+    ) -> tuple[RolloutRecord, bytes]:
+        """End a rollout: it takes no more requests, and its record is on disk before this returns. The record,
+        and its JSON as the record file holds it (serialised once: the admin API answers with those bytes).
 
         A rollout whose last chat call failed upstream is finished `failed` with cause `upstream` and no reward,
         whatever `status` says (infrastructure faults never become rewards), unless `accept_upstream_failures`
@@ -318,8 +333,9 @@ class InterceptionServer:
                 failure = Failure(cause=status, message=f"rollout ended as {status}")
             record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None,
                                        journal=self._journal)
+            line = record.to_json()
             if self._recorder is not None:
-                await self._recorder.write(record)
+                await self._recorder.write_line(line)
         except BaseException:
             rollout.finishing = False
             raise
@@ -328,7 +344,7 @@ class InterceptionServer:
         self.registry.retire(rollout, status)
         self._upstream.release(rollout_id)
         self.metrics.rollouts_finished.labels(status, failure.cause if failure else "").inc()
-        return record
+        return record, line
 
     async def pause(self) -> None:
         """New turns wait (agents see a slow answer, not an error) until `resume`, e.g. during a weight update."""

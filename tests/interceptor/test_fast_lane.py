@@ -20,6 +20,7 @@ from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.cli import _build_parser
 from interceptor.lane import Lane, LaneReply
 from interceptor.lane_routes import LaneRoutes
+from interceptor.records import RolloutRecord
 from interceptor.serve_main import config_from_args
 from tests.fakes import Fault, Slow
 
@@ -363,6 +364,26 @@ async def test_the_admin_api_and_a_rollouts_json_routes_are_answered_by_the_lane
             assert (await resp.json())["status"] == "ok"
     assert record["answer"] == "42" and record["metadata"] == {"task": "t1"}
     assert server.lane.served == 7 and server.lane.handed_over == 0
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "aiohttp"])
+async def test_the_finish_answer_is_the_record_files_line_serialised_once(servers, lane, monkeypatch):
+    server = servers[0 if lane else 1]
+    serialised = []
+    to_json = RolloutRecord.to_json
+    monkeypatch.setattr(RolloutRecord, "to_json",
+                        lambda record: serialised.append(record.rollout_id) or to_json(record))
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(server.url + "/rollouts", json={"metadata": {"task": "t2"}}, headers=admin) as resp:
+            opened = await resp.json()
+        finish = server.url + f"/rollouts/{opened['id']}/finish"
+        async with http.post(finish, json={"reward": 0.5}, headers=admin) as resp:
+            assert resp.status == 200
+            answered = await resp.read()
+    line = server.config.record_path.read_bytes().splitlines()[-1]
+    assert answered == line and orjson.loads(line)["reward"] == 0.5
+    assert serialised == [opened["id"]]
 
 
 async def test_an_idle_connection_is_closed_after_the_keepalive():
