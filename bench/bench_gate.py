@@ -274,24 +274,24 @@ async def first_turn_window(http: aiohttp.ClientSession, target: Target, big_lin
 async def first_turn(http: aiohttp.ClientSession, targets: list[Target], args: argparse.Namespace) -> dict:
     results: dict[str, dict[str, list]] = {t.name: {"big": [], "tokens": [], "quiet": [], "loaded": []}
                                            for t in targets}
-    windows = max(1, args.first_turns // FIRST_TURNS_PER_WINDOW)
-    for window in range(windows):
+    for window, first in enumerate(range(0, args.first_turns, FIRST_TURNS_PER_WINDOW)):
         for target in rotated(targets, window):
-            big, tokens, quiet, loaded = await first_turn_window(
-                http, target, args.first_tokens // TOKENS_PER_LINE, -(-args.first_turns // windows),
-                args.steady_rollouts, 1.0)
+            count = min(FIRST_TURNS_PER_WINDOW, args.first_turns - first)
+            big, tokens, quiet, loaded = await first_turn_window(http, target, args.first_tokens // TOKENS_PER_LINE,
+                                                                 count, args.steady_rollouts, 1.0)
             row = results[target.name]
-            row["big"] += big
-            row["tokens"].append(tokens)
-            row["quiet"] += quiet
-            row["loaded"] += loaded
-    return {name: {"first_turn_p50_ms": pct(row["big"], 0.5) * 1e3, "first_turn_max_ms": max(row["big"]) * 1e3,
+            for key, values in (("big", big), ("tokens", [tokens]), ("quiet", quiet), ("loaded", loaded)):
+                row[key] += values
+
+    def ms(values: list[float], q: float) -> float | None:  # None when no steady turn fell in that phase
+        return pct(values, q) * 1e3 if values else None
+
+    return {name: {"first_turn_p50_ms": ms(row["big"], 0.5), "first_turn_max_ms": max(row["big"]) * 1e3,
                    "first_prompt_tokens": max(row["tokens"]) if name == "gate" else None,  # only the gate's is exact
-                   "steady_p50_quiet_ms": pct(row["quiet"], 0.5) * 1e3,
-                   "steady_p50_during_ms": pct(row["loaded"], 0.5) * 1e3,
-                   "steady_p99_quiet_ms": pct(row["quiet"], 0.99) * 1e3,
-                   "steady_p99_during_ms": pct(row["loaded"], 0.99) * 1e3,
-                   "p99_ratio": pct(row["loaded"], 0.99) / pct(row["quiet"], 0.99),
+                   "steady_p50_quiet_ms": ms(row["quiet"], 0.5), "steady_p50_during_ms": ms(row["loaded"], 0.5),
+                   "steady_p99_quiet_ms": ms(row["quiet"], 0.99), "steady_p99_during_ms": ms(row["loaded"], 0.99),
+                   "p99_ratio": pct(row["loaded"], 0.99) / pct(row["quiet"], 0.99) if row["loaded"] and row["quiet"]
+                   else None,
                    "steady_turns_quiet": len(row["quiet"]), "steady_turns_during": len(row["loaded"])}
             for name, row in results.items()}
 
