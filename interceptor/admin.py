@@ -114,14 +114,14 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
             isinstance(failure, dict) and isinstance(failure.get("cause"), str) and isinstance(failure.get("message"), str)
         ):
             raise BadRequest("failure must be {'cause': str, 'message': str}", param="failure")
-        _, record_json = await server.finish(
+        record, record_json = await server.finish(
             request.match_info["rid"],
             status=status,
             failure=Failure(cause=failure["cause"], message=failure["message"]) if failure else None,
             reward=_reward(body.get("reward")),
             accept_upstream_failures=accept,
         )
-        return web.Response(body=record_json, content_type="application/json")
+        return web.Response(body=record_json or record.to_json(), content_type="application/json")
 
     app.router.add_post("/rollouts", open_rollout)
     app.router.add_get("/rollouts/{rid}", show_rollout)

@@ -308,9 +308,10 @@ class InterceptionServer:
         failure: Failure | None = None,
         reward: float | None = None,
         accept_upstream_failures: str | None = None,
-    ) -> tuple[RolloutRecord, bytes]:
+    ) -> tuple[RolloutRecord, bytes | None]:
         """End a rollout: it takes no more requests, and its record is on disk before this returns. The record,
-        and its JSON as the record file holds it (serialised once: the admin API answers with those bytes).
+        and its JSON as the record file holds it (serialised once: the admin API answers with those bytes), None
+        for a server without a record file.
 
         A rollout whose last chat call failed upstream is finished `failed` with cause `upstream` and no reward,
         whatever `status` says (infrastructure faults never become rewards), unless `accept_upstream_failures`
@@ -333,8 +334,9 @@ class InterceptionServer:
                 failure = Failure(cause=status, message=f"rollout ended as {status}")
             record = rollout.to_record(status=status, failure=failure, reward=reward if status == "ok" else None,
                                        journal=self._journal)
-            line = record.to_json()
+            line = None
             if self._recorder is not None:
+                line = record.to_json()
                 await self._recorder.write_line(line)
         except BaseException:
             rollout.finishing = False

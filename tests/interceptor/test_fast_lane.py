@@ -8,6 +8,7 @@ compared, one without (`fast_lane=False`), and talks to them with aiohttp's clie
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import socket
 from contextlib import AsyncExitStack
@@ -384,6 +385,21 @@ async def test_the_finish_answer_is_the_record_files_line_serialised_once(server
     line = server.config.record_path.read_bytes().splitlines()[-1]
     assert answered == line and orjson.loads(line)["reward"] == 0.5
     assert serialised == [opened["id"]]
+
+
+async def test_a_server_without_a_record_file_answers_the_finish_with_the_record(scripted, tiny_model_dir,
+                                                                                   tmp_path):
+    config = dataclasses.replace(_config(scripted, tiny_model_dir, tmp_path, fast_lane=True), record_path=None)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    async with InterceptionServer(config) as server, aiohttp.ClientSession() as http:
+        async with http.post(server.url + "/rollouts", json={}, headers=admin) as resp:
+            opened = await resp.json()
+        finish = server.url + f"/rollouts/{opened['id']}/finish"
+        async with http.post(finish, json={"reward": 1}, headers=admin) as resp:
+            assert resp.status == 200
+            record = await resp.json()
+    assert record["rollout_id"] == opened["id"] and record["reward"] == 1.0 and record["status"] == "ok"
+    assert not list(tmp_path.glob("*.jsonl"))
 
 
 async def test_an_idle_connection_is_closed_after_the_keepalive():
