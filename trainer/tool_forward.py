@@ -35,7 +35,7 @@ def prefix_states(model, embeds) -> Prefix:
     kept: list = []
     with torch.no_grad():
         positions = torch.arange(embeds.shape[1])[None]
-        _decode(model, embeds, positions, lambda index, q, k, v: _causal(q, k, v), keep=kept)
+        _decode(model, embeds, positions, _causal, keep=kept)
         cos, sin = _rope(model, positions)
         keys = [_rotate(k, cos, sin)[0] for k, _ in kept]
     return Prefix(keys=keys, values=[v[0] for _, v in kept], length=embeds.shape[1])
@@ -47,7 +47,7 @@ def interlude_states(model, prefix: Prefix, embeds, *, start: int) -> Prefix:
     import torch
     from torch.nn.attention.bias import causal_lower_right
 
-    def attend(index, q, k, v):
+    def attend(index, q, k, v, at):
         keys = torch.cat([prefix.keys[index][None].to(v.dtype), k], dim=2)
         values = torch.cat([prefix.values[index][None].to(v.dtype), v], dim=2)
         mask = causal_lower_right(q.shape[2], keys.shape[2])
@@ -61,16 +61,22 @@ def interlude_states(model, prefix: Prefix, embeds, *, start: int) -> Prefix:
 
 
 def hidden_states(model, embeds, *, prefix: Prefix | None = None, interlude: Prefix | None = None,
-                  splits: list[int] | None = None):
+                  splits: list[int] | None = None, select=None):
     """The final-norm hidden states of rows (batch, length, hidden) that start at position 0, or right after
     `prefix`: each row then attends to the whole prefix, causally to itself and, from its `splits[i]`-th token on,
     to `interlude`, which sits at that point of the row (its positions shift by the interlude's length). Padding
-    belongs at a row's right end, where causal attention keeps it out of every real position."""
+    belongs at a row's right end, where causal attention keeps it out of every real position.
+
+    `select`, (batch, length) bool: only the states at those positions, (count, hidden) in row order, as
+    `states[select]`. The last layer then runs its queries, attention and MLP there alone (its keys and values come
+    from every position): a step reads the states only where they predict a target, a third of an agent episode's
+    tokens, and the last layer's attention over an agent's prompt is the costliest part of its step."""
     import torch
 
     length = embeds.shape[1]
+    queries = None if select is None else _selected(select)
     if prefix is None:
-        return _decode(model, embeds, torch.arange(length)[None], lambda index, q, k, v: _causal(q, k, v))
+        return _decode(model, embeds, torch.arange(length)[None], _causal, queries=queries)
     positions = prefix.length + torch.arange(length)[None].expand(embeds.shape[0], -1)
     after = None
     if interlude is not None:
@@ -81,63 +87,95 @@ def hidden_states(model, embeds, *, prefix: Prefix | None = None, interlude: Pre
         cos, sin = _rope(model, prefix.length + split + torch.arange(interlude.length)[None])
         interlude = Prefix(keys=[_rotate(k[None], cos, sin) for k in interlude.keys], values=interlude.values,
                            length=interlude.length)
-    return _decode(model, embeds, positions, lambda index, q, k, v: _attend_after(q, k, v, prefix, interlude,
-                                                                                   after, index))
+    return _decode(model, embeds, positions,
+                   lambda index, q, k, v, at: _attend_after(q, k, v, prefix, interlude, after, index, at),
+                   queries=queries)
 
 
-def _decode(model, x, positions, attend, keep: list | None = None):
+def _selected(select):
+    """The positions `select` marks in each row, (rows, most marked in a row), padded with unmarked positions
+    (their states are computed and dropped), and which of them are marked."""
+    import torch
+
+    counts = select.sum(1)
+    width = max(1, int(counts.max()))
+    at = torch.sort((~select).to(torch.int8), dim=1, stable=True).indices[:, :width]  # marked ones first, in order
+    return at, torch.arange(width)[None] < counts[:, None]
+
+
+def _decode(model, x, positions, attend, keep: list | None = None, queries=None):
     """The decoder's final-norm hidden states; with `keep`, each layer's keys and values (before RoPE) are appended
-    to it instead and nothing is returned: the last layer stops once its keys and values are known."""
+    to it instead and nothing is returned: the last layer stops once its keys and values are known. With `queries`
+    (`_selected`), the last layer runs only at those positions and the marked states come back, (count, hidden).
+    `attend(index, q, k, v, at)`: `at` is None where every position queries, else the positions that do."""
+    import torch
+
     inner, config = model.model, model.config
     cos, sin = _rope(model, positions)
     eps = config.rms_norm_eps
     for index, layer in enumerate(inner.layers):
+        last = index == len(inner.layers) - 1
         attention = layer.self_attn
         h = _rms(x, layer.input_layernorm.weight, eps)
         batch, length, _ = h.shape
         shape = (batch, length, -1, config.head_dim)
-        q = _rms(attention.q_proj(h).view(shape), attention.q_norm.weight, eps).transpose(1, 2)
         k = _rms(attention.k_proj(h).view(shape), attention.k_norm.weight, eps).transpose(1, 2)
         v = attention.v_proj(h).view(shape).transpose(1, 2)
         if keep is not None:
             keep.append((k, v))
-            if index == len(inner.layers) - 1:
+            if last:
                 # Later tokens read only this layer's keys and values: its attention over these tokens (a
                 # prompt's quadratic part) and its MLP would go unused.
                 return None
+        at, q_cos, q_sin = None, cos, sin
+        if last and queries is not None:
+            at = queries[0]
+            x, h = (y.gather(1, at[..., None].expand(-1, -1, y.shape[-1])) for y in (x, h))
+            q_cos, q_sin = _rope(model, positions.expand(batch, -1).gather(1, at))
+        q = _rms(attention.q_proj(h).view(batch, h.shape[1], -1, config.head_dim), attention.q_norm.weight,
+                 eps).transpose(1, 2)
         # The fused kernel takes one dtype: the projections' (bfloat16 under autocast), not RoPE's float32.
-        q, k = _rotate(q, cos, sin).to(v.dtype), _rotate(k, cos, sin).to(v.dtype)
-        out = attend(index, q, k, v)
-        x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        q, k = _rotate(q, q_cos, q_sin).to(v.dtype), _rotate(k, cos, sin).to(v.dtype)
+        out = attend(index, q, k, v, at)
+        x = x + attention.o_proj(out.transpose(1, 2).reshape(batch, h.shape[1], -1))
         x = x + layer.mlp(_rms(x, layer.post_attention_layernorm.weight, eps))
-    return _rms(x, inner.norm.weight, eps)
+    x = _rms(x, inner.norm.weight, eps)
+    return x if queries is None else x[queries[1]]
 
 
-def _causal(q, k, v):
+def _causal(index, q, k, v, at=None):
+    """Causal attention of a row's queries (every position, or the positions `at`) over its keys."""
     import torch
 
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if at is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mask = torch.arange(k.shape[2]) <= at[:, None, :, None]  # (rows, 1, queries, keys)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _attend_after(q, k, v, prefix: Prefix, interlude: Prefix | None, after, index: int):
+def _attend_after(q, k, v, prefix: Prefix, interlude: Prefix | None, after, index: int, at=None):
     """Softmax attention of each row's queries over the shared prefix, the interlude (from the row's split on) and,
     causally, its own keys: one softmax over all three, the prefix's scores computed for all rows in one matrix
     product per head (no copy of it per row). Heads lead the layout, so the prefix's scores, (heads, rows * length,
     prefix), are never transposed or copied, and the scale is applied to the queries rather than the scores: these
-    scores are the largest tensors of a step."""
+    scores are the largest tensors of a step. `at`: the positions the queries are at (None: every position)."""
     import torch
 
     batch, heads, length, dim = q.shape
-    q, k, v = (x.transpose(0, 1) for x in (q * dim**-0.5, k, v))  # (heads, rows, length, dim)
+    q, k, v = (x.transpose(0, 1) for x in (q * dim**-0.5, k, v))  # (heads, rows, queries, dim)
     prefix_keys, prefix_values = prefix.keys[index].to(v.dtype), prefix.values[index].to(v.dtype)
     scores = [(q.reshape(heads, batch * length, dim) @ prefix_keys.transpose(1, 2)).view(heads, batch, length, -1)]
     values = [None]
     if interlude is not None:
-        before = ~after[None, :, :, None]  # (1, rows, length, 1): queries that come before the interlude
+        before = ~(after if at is None else after.gather(1, at))[None, :, :, None]  # queries before the interlude
         keys = interlude.keys[index].to(v.dtype).transpose(0, 1)  # (heads, rows, interlude, dim)
         scores.append((q @ keys.transpose(2, 3)).masked_fill(before, float("-inf")))
         values.append(interlude.values[index].to(v.dtype)[:, None])
-    future = torch.ones(length, length, dtype=torch.bool).triu(1)
+    own = k.shape[2]
+    if at is None:
+        future = torch.ones(own, own, dtype=torch.bool).triu(1)
+    else:
+        future = torch.arange(own) > at[..., None]  # (rows, queries, keys)
     scores.append((q @ k.transpose(2, 3)).masked_fill(future, float("-inf")))
     values.append(v)
     weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(v.dtype)

@@ -324,10 +324,8 @@ def _target_logits(model, inputs: TrainableRows, outputs: TrainableRows, step: S
     chosen, labels = [], []
     for row in step.rows:  # one at a time: rows differ in length (a long prompt's), and padding costs as much
         input_ids, targets = _batch([row], start=0, pad_id=pad_id)
-        hidden = hidden_states(model, inputs(input_ids))
-        predict = targets[:, 1:]  # position t predicts token t + 1
-        chosen.append(hidden[:, :-1][predict])
-        labels.append(input_ids[:, 1:][predict])
+        chosen.append(hidden_states(model, inputs(input_ids), select=_predicting(targets)))
+        labels.append(input_ids[:, 1:][targets[:, 1:]])
     if step.agents:
         # An agent's prompt is thousands of tokens: it is run once without gradient and the step's agent episodes
         # attend to its keys and values; so is text they share after their tasks (Claude Code's ~2k-token
@@ -345,15 +343,21 @@ def _target_logits(model, inputs: TrainableRows, outputs: TrainableRows, step: S
                for episode in step.agents]
         own_ids, targets = _batch(own, start=context, pad_id=pad_id)
         splits = [episode.shared_after[0] - context for episode in step.agents] if interlude else None
-        hidden = hidden_states(model, inputs(own_ids), prefix=prefix, interlude=interlude, splits=splits)
-        predict = targets[:, 1:]
-        chosen.append(hidden[:, :-1][predict])
-        labels.append(own_ids[:, 1:][predict])
+        chosen.append(hidden_states(model, inputs(own_ids), prefix=prefix, interlude=interlude, splits=splits,
+                                    select=_predicting(targets)))
+        labels.append(own_ids[:, 1:][targets[:, 1:]])
     logits = torch.cat(chosen) @ outputs(outputs.rows).T
     frozen = outputs.weight.shape[0] - len(outputs.rows)
     if frozen:
         logits = torch.cat([logits, logits.new_full((len(logits), 1), math.log(frozen))], dim=1)
     return logits, outputs.slot[torch.cat(labels)]
+
+
+def _predicting(targets):
+    """The positions whose states predict a target: position t predicts token t + 1."""
+    import torch
+
+    return torch.cat([targets[:, 1:], targets.new_zeros((len(targets), 1))], dim=1)
 
 
 def _own(items: list, episode: Episode) -> list:

@@ -62,3 +62,19 @@ def test_an_interlude_is_seen_by_each_row_at_its_own_split(model):
     torch.testing.assert_close(ours[0, :len(own)], full[len(prefix_ids):len(prefix_ids) + len(own)],
                                atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(ours[0, len(own):], full[-len(after):], atol=1e-5, rtol=1e-4)
+
+
+def test_selected_positions_get_the_states_the_full_rows_have_there(model):
+    """A step reads the states only where they predict a target: the last layer runs there alone, exactly."""
+    prefix_ids, own, interlude_ids = [3, 14, 15, 92], [[5, 9, 13, 2, 7], [8, 8, 1, 30, 22]], [26, 53, 58]
+    select = torch.tensor([[False, True, False, True, True], [True, False, False, False, False]])
+    with torch.no_grad():
+        full = hidden_states(model, embed(model, own))
+        torch.testing.assert_close(hidden_states(model, embed(model, own), select=select), full[select])
+        prefix = prefix_states(model, embed(model, [prefix_ids]))
+        interlude = interlude_states(model, prefix, embed(model, [own[0][:2] + interlude_ids]), start=2)
+        for extra in ({}, {"interlude": interlude, "splits": [2, 3]}):
+            full = hidden_states(model, embed(model, own), prefix=prefix, **extra)
+            ours = hidden_states(model, embed(model, own), prefix=prefix, select=select, **extra)
+            torch.testing.assert_close(ours, full[select])
+    assert hidden_states(model, embed(model, own), select=torch.zeros_like(select)).shape == (0, full.shape[-1])
