@@ -4,18 +4,18 @@ needs and transformers' batched cache makes expensive: a batch of short rows att
 a copy of the prefix per row and without a dense mask over it.
 
 `prefix_states` runs an agent's long prompt once, without gradient, and keeps each layer's keys and values;
-`interlude_states` runs, also once and without gradient, text that every row has between its own start and its
-targets (Claude Code's ~2k-token environment after the task): continuing the prefix after the first row's own start,
-its keys kept unrotated, so that each row sees them at its own positions. `hidden_states` runs rows (from position
-0, or continuing the prefix, each with the interlude inserted at its own split) to the last hidden states, with
-gradient.
+`prefix_and_interlude` also keeps, from the same causal pass, text that every row has between its own start and its
+targets (Claude Code's ~2k-token environment after the task), run after the first row's own start, its keys kept
+unrotated, so that each row sees them at its own positions. `hidden_states` runs rows (from position 0, or continuing
+the prefix, each with the interlude inserted at its own split) to the last hidden states, with gradient, or only
+at the positions a step reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Prefix", "hidden_states", "interlude_states", "prefix_states"]
+__all__ = ["Prefix", "hidden_states", "prefix_and_interlude", "prefix_states"]
 
 
 @dataclass(frozen=True)
@@ -30,34 +30,38 @@ class Prefix:
 
 def prefix_states(model, embeds) -> Prefix:
     """Run one sequence (1, length, hidden) from position 0 without gradient; keep what later tokens attend to."""
+    return _prefix(model, _kept(model, embeds), embeds.shape[1])
+
+
+def prefix_and_interlude(model, embeds, *, context: int, start: int) -> tuple[Prefix, Prefix]:
+    """Run one sequence (1, length, hidden) from position 0 without gradient: the prefix is its first `context`
+    positions, and the interlude its positions from `start` on, whose keys are kept unrotated (each row sees them at
+    its own positions). The positions between (the first row's own tokens) are run and dropped. One causal pass:
+    the fused kernel needs no mask, where the interlude run after the prefix, against its keys, needed one (a
+    Claude Code step's 9.5k-token prompt and 2.1k-token interlude: 0.8 s against 1.05 s)."""
+    kept = _kept(model, embeds)
+    return _prefix(model, kept, context), Prefix(keys=[k[0, :, start:] for k, _ in kept],
+                                                 values=[v[0, :, start:] for _, v in kept],
+                                                 length=embeds.shape[1] - start)
+
+
+def _kept(model, embeds) -> list:
+    """Each layer's keys (before RoPE) and values, (1, heads, length, dim), of one sequence run without gradient."""
     import torch
 
     kept: list = []
     with torch.no_grad():
-        positions = torch.arange(embeds.shape[1])[None]
-        _decode(model, embeds, positions, _causal, keep=kept)
-        cos, sin = _rope(model, positions)
-        keys = [_rotate(k, cos, sin)[0] for k, _ in kept]
-    return Prefix(keys=keys, values=[v[0] for _, v in kept], length=embeds.shape[1])
+        _decode(model, embeds, torch.arange(embeds.shape[1])[None], _causal, keep=kept)
+    return kept
 
 
-def interlude_states(model, prefix: Prefix, embeds, *, start: int) -> Prefix:
-    """Run one row (1, length, hidden) continuing `prefix` without gradient, and keep, unrotated, the keys and values
-    of its positions from `start` on."""
+def _prefix(model, kept: list, length: int) -> Prefix:
+    """The first `length` positions of `_kept` states, keys rotated."""
     import torch
-    from torch.nn.attention.bias import causal_lower_right
 
-    def attend(index, q, k, v, at):
-        keys = torch.cat([prefix.keys[index][None].to(v.dtype), k], dim=2)
-        values = torch.cat([prefix.values[index][None].to(v.dtype), v], dim=2)
-        mask = causal_lower_right(q.shape[2], keys.shape[2])
-        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-
-    kept: list = []
-    with torch.no_grad():
-        _decode(model, embeds, prefix.length + torch.arange(embeds.shape[1])[None], attend, keep=kept)
-    return Prefix(keys=[k[0, :, start:] for k, _ in kept], values=[v[0, :, start:] for _, v in kept],
-                  length=embeds.shape[1] - start)
+    cos, sin = _rope(model, torch.arange(length)[None])
+    return Prefix(keys=[_rotate(k[:, :, :length], cos, sin)[0] for k, _ in kept],
+                  values=[v[0, :, :length] for _, v in kept], length=length)
 
 
 def hidden_states(model, embeds, *, prefix: Prefix | None = None, interlude: Prefix | None = None,
@@ -108,8 +112,6 @@ def _decode(model, x, positions, attend, keep: list | None = None, queries=None)
     to it instead and nothing is returned: the last layer stops once its keys and values are known. With `queries`
     (`_selected`), the last layer runs only at those positions and the marked states come back, (count, hidden).
     `attend(index, q, k, v, at)`: `at` is None where every position queries, else the positions that do."""
-    import torch
-
     inner, config = model.model, model.config
     cos, sin = _rope(model, positions)
     eps = config.rms_norm_eps

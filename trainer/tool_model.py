@@ -76,7 +76,7 @@ from .heap import retained_heap
 from .precision import cpu_multiplies_bf16
 from .tool_check import corrected
 from .tool_episodes import BASH_TOOL, DONE_TEXT, Episode, EpisodeMaker, Step, answer_call
-from .tool_forward import hidden_states, interlude_states, prefix_states
+from .tool_forward import hidden_states, prefix_and_interlude, prefix_states
 from .tool_texts import TOOL_OUTPUTS
 from .trainable_rows import TrainableRows
 
@@ -334,11 +334,12 @@ def _target_logits(model, inputs: TrainableRows, outputs: TrainableRows, step: S
         # "Bash command to execute", Claude Code's "Shell: bash") instead of from the offered tool's name.
         first = step.agents[0]
         context, (start, end) = first.context, first.shared_after
-        prefix = prefix_states(model, inputs(torch.tensor([first.ids[:context]])))
         interlude = None
         if end > start:
-            interlude = interlude_states(model, prefix, inputs(torch.tensor([first.ids[context:end]])),
-                                         start=start - context)
+            prefix, interlude = prefix_and_interlude(model, inputs(torch.tensor([first.ids[:end]])), context=context,
+                                                     start=start)
+        else:
+            prefix = prefix_states(model, inputs(torch.tensor([first.ids[:context]])))
         own = [dataclasses.replace(episode, ids=_own(episode.ids, episode), mask=_own(episode.mask, episode))
                for episode in step.agents]
         own_ids, targets = _batch(own, start=context, pad_id=pad_id)

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trainer.tiny_model import make_tiny_model
-from trainer.tool_forward import hidden_states, interlude_states, prefix_states
+from trainer.tool_forward import hidden_states, prefix_and_interlude, prefix_states
 from trainer.tool_model import tool_model_spec
 
 
@@ -54,8 +54,8 @@ def test_an_interlude_is_seen_by_each_row_at_its_own_split(model):
     """The interlude is computed once after the first row's own tokens: exact for that row."""
     prefix_ids, own, interlude_ids, after = [3, 14, 15, 92], [5, 9], [26, 53, 58, 97, 93], [23, 84]
     with torch.no_grad():
-        prefix = prefix_states(model, embed(model, [prefix_ids]))
-        interlude = interlude_states(model, prefix, embed(model, [own + interlude_ids]), start=len(own))
+        prefix, interlude = prefix_and_interlude(model, embed(model, [prefix_ids + own + interlude_ids]),
+                                                 context=len(prefix_ids), start=len(prefix_ids + own))
         ours = hidden_states(model, embed(model, [own + after]), prefix=prefix, interlude=interlude,
                              splits=[len(own)])
     full = reference(model, prefix_ids + own + interlude_ids + after)
@@ -71,10 +71,11 @@ def test_selected_positions_get_the_states_the_full_rows_have_there(model):
     with torch.no_grad():
         full = hidden_states(model, embed(model, own))
         torch.testing.assert_close(hidden_states(model, embed(model, own), select=select), full[select])
-        prefix = prefix_states(model, embed(model, [prefix_ids]))
-        interlude = interlude_states(model, prefix, embed(model, [own[0][:2] + interlude_ids]), start=2)
+        prefix, interlude = prefix_and_interlude(model, embed(model, [prefix_ids + own[0][:2] + interlude_ids]),
+                                                 context=len(prefix_ids), start=len(prefix_ids) + 2)
         for extra in ({}, {"interlude": interlude, "splits": [2, 3]}):
             full = hidden_states(model, embed(model, own), prefix=prefix, **extra)
             ours = hidden_states(model, embed(model, own), prefix=prefix, select=select, **extra)
             torch.testing.assert_close(ours, full[select])
     assert hidden_states(model, embed(model, own), select=torch.zeros_like(select)).shape == (0, full.shape[-1])
+
