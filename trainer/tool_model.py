@@ -30,8 +30,10 @@ than float32; by default only on such a CPU, `precision.cpu_multiplies_bf16`: wi
 slower than float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k
 tokens) runs once per step without gradient, only as far as its last layer's keys and values (that layer's
 attention over the prompt would go unused), and the step's episodes attend to them without a copy per episode; so
-does the text they share after their tasks (Claude Code's ~2.1k-token environment), run once after the first
-episode's task and seen by each episode at its own positions. Each episode's own task keeps its gradient: without it
+does the text they share after their tasks (Claude Code's ~2.1k-token environment), run in the same causal pass
+after the first episode's task and seen by each episode at its own positions. The episodes' last layer runs only
+where a state predicts a target (a third of their tokens; its keys and values still come from every position).
+Each episode's own task keeps its gradient: without it
 the model learnt to copy the tool name from a shell-like word in the prompt (Pi's "Bash command to execute",
 Claude Code's "Shell: bash") instead of from the offered tool; for the same reason synthetic prompts name shells in
 prose (`Shell: bash`, `<shell>zsh</shell>`), often not the offered one. Agent steps are evenly spaced and take the
