@@ -74,7 +74,7 @@ def hidden_states(model, embeds, *, prefix: Prefix | None = None, interlude: Pre
     `select`, (batch, length) bool: only the states at those positions, (count, hidden) in row order, as
     `states[select]`. The last layer then runs its queries, attention and MLP there alone (its keys and values come
     from every position): a step reads the states only where they predict a target, a third of an agent episode's
-    tokens, and the last layer's attention over an agent's prompt is the costliest part of its step."""
+    tokens, and that layer's attention over the agent's prompt was a third of the episodes' forward pass."""
     import torch
 
     length = embeds.shape[1]
