@@ -12,13 +12,15 @@ recorder and fault handling are one code path for every dialect.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
 from ..errors import ApiError
 from ..protocol import ChatRequest
-from ..rollouts import TurnResult
+
+if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
+    from ..rollouts import TurnResult
 
 __all__ = ["Dialect", "StreamShape", "dialect_for_path", "error_for"]
 

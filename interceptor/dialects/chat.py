@@ -10,13 +10,16 @@ differs: agents/pi.py, agents/opencode.py).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from ..errors import ApiError, error_body
 from ..protocol import ChatRequest, continue_chat_request, parse_chat_request
 from ..replies import SSE_DONE, Usage, chat_chunks, chat_completion, encode_sse, new_completion_id
-from ..rollouts import TurnResult
+
+if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
+    from ..rollouts import TurnResult
 
 __all__ = ["CHAT", "ChatDialect"]
 

@@ -36,14 +36,17 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 
 from ..errors import ApiError, BadRequest, ContextLengthExceeded, UpstreamUnavailable
 from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int, tools_key
-from ..rollouts import TurnResult
 from ..shared_values import share
+
+if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
+    from ..rollouts import TurnResult
 
 __all__ = ["MESSAGES", "MessagesDialect"]
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -44,10 +45,12 @@ from ..errors import ApiError, BadRequest, error_body
 from ..protocol import (
     ChatRequest, ensure_serialisable, number_field, positive_int, tools_key, typed_field,
 )
-from ..rollouts import TurnResult
 from ..shared_values import share
 from .responses_input import convert_items, input_messages, tool_choice
 from .responses_input import tools as tools_of
+
+if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
+    from ..rollouts import TurnResult
 
 __all__ = ["RESPONSES", "ResponsesDialect"]
 
