@@ -70,6 +70,7 @@ _CAPTURED_ROLLOUT_DIR = "/tmp/interceptor-rollout"  # how the captures in traine
 # of once per episode, each episode's own task keeping its gradient. Shorter (the other agents: the end-of-turn and
 # the assistant header) runs with each episode, exactly.
 _SHARED_AFTER_TOKENS = 64
+_REMEMBERED_TURN_CHARS = 2048  # turns this long recur (Claude Code's environment after the task): encoded once
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,9 @@ class EpisodeMaker:
         # An agent step's episodes share their prompt (thousands of tokens): the last one encoded is kept.
         self._encode_context = functools.lru_cache(maxsize=1)(
             lambda text: self._tokenizer.encode(text, add_special_tokens=False))
+        # So do long turns after the task (Claude Code's ~2k-token environment): the last few are kept.
+        self._encode_turn = functools.lru_cache(maxsize=8)(
+            lambda text: self._tokenizer.encode(text, add_special_tokens=False))
         self._agent_credit = 0.0  # agent steps come at `agent_request_rate`, evenly spaced
         self._deck: list[int] = []  # the agents (indices) still to come in this round
         self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
@@ -184,6 +188,10 @@ class EpisodeMaker:
                     self._rng.shuffle(self._deck)
                 agents = self.agent_episodes(self._deck.pop(), spec.agent_episodes)
         return Step(rows=rows, agents=agents, episodes=count + len(agents))
+
+    def steps(self, count: int) -> list[Step]:
+        """The next `count` steps (`step()` each)."""
+        return [self.step() for _ in range(count)]
 
     def response_step(self, responses: tuple[str, ...]) -> Step:
         """A step of episodes in the plainest request, every tool response one of `responses` (the build's
@@ -359,10 +367,28 @@ class EpisodeMaker:
         mask: list[bool] = []
         context = 0
         for text, target in pieces:
-            encoded = (self._encode_context(text) if target is None
-                       else self._tokenizer.encode(text, add_special_tokens=False))
+            encoded = self._encode_context(text) if target is None else self._encode_turns(text)
             if target is None and len(ids) == context:
                 context += len(encoded)
             ids += encoded
             mask += [bool(target)] * len(encoded)
         return Episode(ids=ids, mask=mask, context=context)
+
+    def _encode_turns(self, text: str) -> list[int]:
+        """The ids of `text`, cut after each end-of-turn token: long turns are remembered (`_encode_turn`), the
+        others encoded together. Special tokens are split off before BPE, so the parts give the whole text's ids."""
+        ids: list[int] = []
+        short = ""
+        turns = text.split(self._end)
+        for number, turn in enumerate(turns, 1):
+            turn += self._end if number < len(turns) else ""
+            if len(turn) < _REMEMBERED_TURN_CHARS:
+                short += turn
+                continue
+            if short:
+                ids += self._tokenizer.encode(short, add_special_tokens=False)
+                short = ""
+            ids += self._encode_turn(turn)
+        if short:
+            ids += self._tokenizer.encode(short, add_special_tokens=False)
+        return ids
