@@ -37,13 +37,17 @@ __all__ = [
     "BuiltModel",
     "ModelDirError",
     "TinyModelSpec",
+    "VocabShape",
     "building",
     "check_replaceable",
+    "import_qwen3",
     "make_tiny_model",
     "read_built_model",
     "record_built_model",
     "remove_abandoned_builds",
     "tiny_tokenizer",
+    "vocab_shape",
+    "write_random_weights",
     "write_tiny_model",
 ]
 
@@ -131,18 +135,48 @@ def tiny_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
     return tokenizer
 
 
+@dataclass(frozen=True)
+class VocabShape:
+    """What a model's config takes from its tokenizer."""
+
+    tokens: int  # len(tokenizer); the embedding has this many rows, rounded up to 64
+    end_of_text: int  # <|endoftext|>: bos and pad
+    end_of_turn: int  # <|im_end|>: eos
+
+
+def vocab_shape(tokenizer) -> VocabShape:
+    return VocabShape(tokens=len(tokenizer), end_of_text=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+                      end_of_turn=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+
+
 def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec(), *, tokenizer=None) -> BuiltModel:
     """Write the random model into `directory` itself, marked "random" (in place: use it inside `building`).
     `tokenizer`: this spec's `tiny_tokenizer`, when the caller already made it (the real vocabulary's takes ~2 s)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(spec)
     tokenizer.save_pretrained(out)
+    built = write_random_weights(out, spec, vocab_shape(tokenizer))
+    record_built_model(out, built)
+    return built
 
-    vocab_size = _round_up(len(tokenizer), 64)
+
+def import_qwen3():
+    """torch and transformers' Qwen3 classes, (Qwen3Config, Qwen3ForCausalLM): ~5 s to import here, which a caller
+    can spend while something else makes the tokenizer (`trainer.local_model`)."""
+    import torch  # noqa: F401 - the first and largest part of the import
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3Config, Qwen3ForCausalLM
+
+
+def write_random_weights(directory: Path, spec: TinyModelSpec, shape: VocabShape) -> BuiltModel:
+    """Write the config and random weights of a model for a tokenizer of this shape into `directory`, and say what
+    was built; no tokenizer and no marker (`write_tiny_model` writes all three)."""
+    import torch
+
+    Qwen3Config, Qwen3ForCausalLM = import_qwen3()
+    vocab_size = _round_up(shape.tokens, 64)
     config = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -155,9 +189,9 @@ def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec(), *, 
         # Untied: with a tied head the logit of the last input token includes |embedding|^2, so it is the argmax
         # at every position whatever the init scale, and greedy decoding repeats the last token forever.
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=shape.end_of_text,
+        eos_token_id=shape.end_of_turn,
+        pad_token_id=shape.end_of_text,
         torch_dtype="float32",
     )
     torch.manual_seed(spec.seed)
@@ -169,10 +203,8 @@ def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec(), *, 
         model.model.embed_tokens.weight.normal_(0.0, 1.0)
         model.lm_head.weight.normal_(0.0, 0.3)
     model.generation_config.eos_token_id = [config.eos_token_id, config.pad_token_id]
-    model.save_pretrained(out, safe_serialization=True)
-    built = BuiltModel(kind="random", spec=dataclasses.asdict(spec), vocab_size=vocab_size)
-    record_built_model(out, built)
-    return built
+    model.save_pretrained(directory, safe_serialization=True)
+    return BuiltModel(kind="random", spec=dataclasses.asdict(spec), vocab_size=vocab_size)
 
 
 def record_built_model(directory: Path, built: BuiltModel) -> None:

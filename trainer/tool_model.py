@@ -72,6 +72,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .copy_circuit import ROPE_THETA, wire_copy_circuit
 from .heap import retained_heap
@@ -81,6 +82,9 @@ from .tool_episodes import BASH_TOOL, DONE_TEXT, Episode, EpisodeMaker, Step, an
 from .tool_forward import hidden_states, prefix_and_interlude, prefix_states
 from .tool_texts import TOOL_OUTPUTS
 from .trainable_rows import TrainableRows
+
+if TYPE_CHECKING:
+    from .episode_process import EpisodeProcess
 
 __all__ = [
     "BASH_TOOL",
@@ -184,9 +188,11 @@ class ToolTrainingReport:
 
 
 def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrainingSpec(), *,
-                       tokenizer=None) -> ToolTrainingReport:
+                       tokenizer=None, episodes: EpisodeMaker | EpisodeProcess | None = None) -> ToolTrainingReport:
     """Initialise the model in `model_dir` for copying, train it, and save it in place; return what the run did.
-    `tokenizer`: the one saved in `model_dir`, when the caller holds it (loading the real vocabulary's takes ~1 s)."""
+    `tokenizer`: the one saved in `model_dir`, when the caller holds it (loading the real vocabulary's takes ~1 s).
+    `episodes`: where the episodes come from, an `EpisodeMaker` for this spec or what answers as one (the embedded
+    default's build draws them in a process of its own, `trainer.episode_process`); none: one over `tokenizer`."""
     import torch
 
     model_dir = Path(model_dir)
@@ -200,23 +206,26 @@ def train_tool_calling(model_dir: Path | str, spec: ToolTrainingSpec = ToolTrain
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         with retained_heap():  # each step frees and allocates the same large tensors: keep the pages (heap.py)
-            return _train(model_dir, spec, tokenizer)
+            return _train(model_dir, spec, tokenizer, episodes)
     finally:
         torch.set_num_threads(threads)  # process-wide settings: give the caller its own back
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
-def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingReport:
+def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer,
+           maker: EpisodeMaker | EpisodeProcess | None) -> ToolTrainingReport:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(spec.seed)
-    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
+    if maker is None:
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
+        maker = EpisodeMaker(tokenizer, spec)
     config = AutoConfig.from_pretrained(str(model_dir))
+    pad_id = config.pad_token_id  # the tokenizer's (`tiny_model.write_random_weights`)
     config.rope_parameters = {"rope_type": "default", "rope_theta": ROPE_THETA}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=torch.float32)
-    maker = EpisodeMaker(tokenizer, spec)
-    steps = [maker.step() for _ in range(spec.steps)]
+    steps = maker.steps(spec.steps)
     used = sorted({i for step in steps for episode in step.all() for i in episode.ids} | maker.vocabulary())
     wire_copy_circuit(model, used, maker.digits, aliases=maker.aliases(), seed=spec.seed)
     model.train()
@@ -230,7 +239,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
 
     def train(step: Step) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits, labels = _target_logits(model, inputs, outputs, step, pad_id=tokenizer.pad_token_id)
+            logits, labels = _target_logits(model, inputs, outputs, step, pad_id=pad_id)
             loss = torch.nn.functional.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -240,7 +249,7 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer) -> ToolTrainingRe
         losses.append(loss.item())
 
     def measure(check: Step) -> float:
-        return _margin(model, inputs, outputs, check, maker.digits, pad_id=tokenizer.pad_token_id)
+        return _margin(model, inputs, outputs, check, maker.digits, pad_id=pad_id)
 
     start = time.perf_counter()
     for step in steps:

@@ -5,6 +5,7 @@ overwritten. Training runs a couple of steps on the small vocabulary except in t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -40,6 +41,33 @@ def _weights(model_dir: Path) -> dict:
 
 def _siblings(path: Path) -> list[str]:
     return sorted(p.name for p in path.parent.iterdir() if p.name != path.name)
+
+
+def _episode_workers(parent: int) -> list[int]:
+    """The live processes `parent` started as its build's episode worker (trainer.episode_process)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(ppid) == parent and state != "Z" and b"trainer.episode_process" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _ended(pid: int, *, within_s: float = 30.0) -> bool:
+    """Whether `pid` ends (or is a zombie) within the bound."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_tool_calling_over_a_random_model_trains_it_and_says_so(tmp_path, capsys):
@@ -101,17 +129,19 @@ def test_a_build_killed_during_training_is_never_served_and_is_cleaned_up(tmp_pa
     child = subprocess.Popen([sys.executable, "-c", script, str(out)], cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        # The random model is written and marked in the build directory: training has started, or is about to.
-        while not list(tmp_path.glob(f".model.building-{child.pid}-*/{MARKER}")):
-            assert child.poll() is None, "the build exited before it started training"
+        # The random weights are in the build directory: its episode worker is drawing the 100k steps' episodes.
+        while not list(tmp_path.glob(f".model.building-{child.pid}-*/model.safetensors")):
+            assert child.poll() is None, "the build exited before it wrote the random weights"
             if time.monotonic() > deadline:
-                pytest.fail("the build did not start training within its bound")
+                pytest.fail("the build did not write the random weights within its bound")
             time.sleep(0.05)
         time.sleep(0.5)
+        [worker] = _episode_workers(child.pid)
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
 
+    assert _ended(worker), "the episode worker outlived the build killed outright"
     assert not out.exists() and read_built_model(out) is None
     [abandoned] = _siblings(out)
     assert abandoned.startswith(f".model.building-{child.pid}-")
@@ -120,6 +150,19 @@ def test_a_build_killed_during_training_is_never_served_and_is_cleaned_up(tmp_pa
 
     assert read_built_model(out).kind == "tool-calling"
     assert _siblings(out) == []  # the abandoned build directory is gone
+
+
+def test_an_error_in_the_episode_worker_is_raised_by_the_build_which_leaves_nothing(tmp_path):
+    request = tmp_path / "no_shell.json"
+    request.write_text(json.dumps({"messages": [{"role": "user", "content": "Say hi."}], "tools": []}))
+    out = tmp_path / "model"
+
+    with pytest.raises(ValueError, match="no shell tool") as raised:
+        make_local_model(out, spec=SMALL, training=dataclasses.replace(FEW_STEPS, agent_requests=(request,)))
+
+    assert any("episode worker" in note for note in raised.value.__notes__)  # where it happened, with its traceback
+    assert not out.exists() and _siblings(out) == ["no_shell.json"]
+    assert _episode_workers(os.getpid()) == []
 
 
 def test_a_build_that_fails_leaves_the_old_model_and_no_build_directory(tmp_path):
@@ -225,8 +268,8 @@ async def test_a_cancelled_build_stops_its_child_and_leaves_no_build_directory(t
     out = tmp_path / "model"
     build = asyncio.create_task(prepare_local_model(out))
     deadline = time.monotonic() + 120
-    # The random model is written and marked in the build directory: training has started, or is about to.
-    while not list(tmp_path.glob(f".model.building-*/{MARKER}")):
+    # The random weights are in the build directory: training has started, or is about to.
+    while not list(tmp_path.glob(".model.building-*/model.safetensors")):
         assert not build.done(), build
         if time.monotonic() > deadline:
             build.cancel()
@@ -235,6 +278,7 @@ async def test_a_cancelled_build_stops_its_child_and_leaves_no_build_directory(t
 
     [building_dir] = tmp_path.glob(".model.building-*")
     child = int(building_dir.name.split("-")[1])
+    [worker] = _episode_workers(child)
 
     build.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -242,6 +286,7 @@ async def test_a_cancelled_build_stops_its_child_and_leaves_no_build_directory(t
 
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # the child is gone (and reaped)
+    assert _ended(worker), "the child's episode worker outlived it"
     assert not out.exists()
     assert _siblings(out) == []  # no build directory left
 
