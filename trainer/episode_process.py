@@ -25,7 +25,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .tiny_model import TinyModelSpec, VocabShape, tiny_tokenizer, vocab_shape
 
@@ -60,11 +60,11 @@ class EpisodeProcess:
         self._conn = Connection(ours.detach())
         self._sent = 0
         self._read = 0
-        self._early: dict[int, tuple[bool, object]] = {}
+        self._early: dict[int, tuple[bool, Any]] = {}
         self._shape = self._send("tokenizer", model_spec, training)
         self._main = (training.steps, self._send("steps", training.steps))
         self._saved: int | None = self._send("save_tokenizer", str(directory))
-        self._facts: dict[str, object] = {}  # digits, agents: asked once
+        self._facts: dict[str, Any] = {}  # digits, agents: asked once
 
     def __enter__(self) -> EpisodeProcess:
         return self
@@ -85,40 +85,40 @@ class EpisodeProcess:
             self._saved = None
 
     def vocab_shape(self) -> VocabShape:
-        return self._answer(self._shape)  # type: ignore[return-value]
+        return self._answer(self._shape)
 
     def steps(self, count: int) -> list[Step]:
         planned, ticket = self._main
         if count == planned and ticket is not None:
             self._main = (planned, None)
-            return self._answer(ticket)  # type: ignore[return-value]
-        return self._ask("steps", count)  # type: ignore[return-value]
+            return self._answer(ticket)
+        return self._ask("steps", count)
 
     def vocabulary(self) -> set[int]:
-        return self._ask("vocabulary")  # type: ignore[return-value]
+        return self._ask("vocabulary")
 
     def aliases(self) -> list[tuple[int, int]]:
-        return self._ask("aliases")  # type: ignore[return-value]
+        return self._ask("aliases")
 
     @property
     def digits(self) -> list[int]:
-        return self._fact("digits")  # type: ignore[return-value]
+        return self._fact("digits")
 
     @property
     def agents(self) -> int:
-        return self._fact("agents")  # type: ignore[return-value]
+        return self._fact("agents")
 
     def step(self, agent: int | None = None) -> Step:
-        return self._ask("step", agent)  # type: ignore[return-value]
+        return self._ask("step", agent)
 
     def response_step(self, responses: tuple[str, ...]) -> Step:
-        return self._ask("response_step", responses)  # type: ignore[return-value]
+        return self._ask("response_step", responses)
 
     def agent_episodes(self, agent: int, count: int, *, exact: bool = False) -> list[Episode]:
-        return self._ask("agent_episodes", agent, count, exact)  # type: ignore[return-value]
+        return self._ask("agent_episodes", agent, count, exact)
 
     def response_checks(self, count: int, *, seed: int) -> list[list[Episode]]:
-        return self._ask("response_checks", count, seed)  # type: ignore[return-value]
+        return self._ask("response_checks", count, seed)
 
     # ---- the pipe: requests are answered in the order they were sent
 
@@ -127,15 +127,15 @@ class EpisodeProcess:
         self._sent += 1
         return self._sent - 1
 
-    def _ask(self, name: str, *args) -> object:
+    def _ask(self, name: str, *args) -> Any:
         return self._answer(self._send(name, *args))
 
-    def _fact(self, name: str) -> object:
+    def _fact(self, name: str) -> Any:
         if name not in self._facts:
             self._facts[name] = self._ask(name)
         return self._facts[name]
 
-    def _answer(self, ticket: int) -> object:
+    def _answer(self, ticket: int) -> Any:
         while ticket not in self._early:
             try:
                 self._early[self._read] = self._conn.recv()
@@ -146,7 +146,7 @@ class EpisodeProcess:
             self._read += 1
         ok, value = self._early.pop(ticket)
         if not ok:
-            raise value  # type: ignore[misc]
+            raise value
         return value
 
     def _stop(self, *, wait: bool) -> None:
