@@ -5,7 +5,7 @@ tokens: Pi's ~1.4k, Codex's ~6.1k, OpenCode's ~7.2k, Claude Code's ~11.6k), a 32
 supervised steps on two threads, then a check inside each agent's prompt (trainer.tool_model), so the model answers a
 task by calling the agent's shell tool (`bash`, `Bash` or `exec_command`) with `answer N`, then finishes. While
 the build imports torch and writes the random weights, a worker process makes the tokenizer and draws the episodes
-(`trainer.episode_process`): the same build, ~8 s sooner.
+(`trainer.episode_process`): the same build, its first step ~8 s sooner.
 
 The build is all or nothing (`trainer.tiny_model.building`): the model is made and trained beside the target
 directory, marked "tool-calling" with its spec and training, and only then renamed into place. So a build killed
@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 
 from .episode_process import EpisodeProcess
-from .tiny_model import (BuiltModel, ModelDirError, TinyModelSpec, building, check_replaceable, read_built_model,
-                         import_qwen3, record_built_model, remove_abandoned_builds,
-                         write_random_weights)
+from .tiny_model import (BuiltModel, ModelDirError, TinyModelSpec, building, check_replaceable, import_qwen3,
+                         read_built_model, record_built_model, remove_abandoned_builds, write_random_weights)
 from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 
 __all__ = ["LOCAL_MODEL_ERRORS", "LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "LocalModelBuildFailed", "ensure_local_model",
