@@ -44,6 +44,8 @@ from aiohttp import web
 from ..errors import ApiError, BadRequest, ContextLengthExceeded, UpstreamUnavailable
 from ..protocol import ChatRequest, ensure_serialisable, number_field, positive_int, tools_key
 from ..shared_values import share
+from .messages_input import convert_messages, system_messages, tool_choice
+from .messages_input import tools as tools_of
 
 if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
     from ..rollouts import TurnResult
@@ -54,9 +56,6 @@ _INERT = frozenset({
     "model", "messages", "system", "max_tokens", "stream", "temperature", "top_p", "top_k", "tools", "tool_choice",
     "stop_sequences",
 })
-# Claude Code's first system block, `x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;`, changes from
-# request to request (a hash in the version); it is metadata for Anthropic's billing, not prompt.
-_BILLING = "x-anthropic-billing-header:"
 # What Claude Code (2.1) puts in the last user message of its compaction request (the history so far, then this).
 _COMPACTION_ASK = "Your task is to create a detailed summary of the conversation so far"
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
@@ -92,7 +91,7 @@ class MessagesDialect:
             raise BadRequest("stop_sequences are not supported; the model's end-of-turn token ends a turn",
                              param="stop_sequences")  # fmt: skip
         stream = _stream(body)
-        choice, parallel = _tool_choice(body.get("tool_choice"))
+        choice, parallel = tool_choice(body.get("tool_choice"))
         chat = self.parse_for_count(body)
         return ChatRequest(
             model=chat.model,
@@ -121,13 +120,13 @@ class MessagesDialect:
         model = body.get("model", "")
         if not isinstance(model, str):
             raise BadRequest("model must be a string", param="model")
-        system = _system(body.get("system"))
+        system = system_messages(body.get("system"))
         elements = body.get("messages")
         if not isinstance(elements, list) or not elements:
             raise BadRequest("messages must be a non-empty list", param="messages")
-        converted, ends = _messages(elements, start=0, offset=len(system))
+        converted, ends = convert_messages(elements, start=0, offset=len(system))
         messages = [share(m) for m in system] + converted
-        tools = share(_tools(body.get("tools"), relayed=relayed))
+        tools = share(tools_of(body.get("tools"), relayed=relayed))
         ensure_serialisable(tools, "tools")
         return ChatRequest(
             model=model, messages=messages, tools=tools, history_ends=ends,
@@ -235,22 +234,11 @@ def _blocks(message: dict) -> list[dict]:
     return blocks or [{"type": "text", "text": ""}]
 
 
-# ---------------------------------------------------------------------------------------- request parts
-
-
-def _system(system: object) -> list[dict]:
-    if isinstance(system, list):  # Claude Code's billing metadata is a block of its own: not prompt text
-        system = [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(_BILLING))]
-    if system is None or system == "" or system == []:
-        return []
-    return [{"role": "system", "content": _text_of(system, "system")}]
-
-
 def _continued(previous: ChatRequest, reused: int, body: dict) -> ChatRequest:
     """The request in `body`, whose fields other than `messages` and whose first `reused` history elements are byte
     for byte those of the body `previous` was parsed from: only the new elements are converted."""
     kept = previous.history_ends[reused - 1]
-    converted, ends = _messages(body["messages"][reused:], start=reused, offset=kept)
+    converted, ends = convert_messages(body["messages"][reused:], start=reused, offset=kept)
     messages = previous.messages[:kept] + converted
     return replace(previous, messages=messages, history_ends=previous.history_ends[:reused] + ends,
                    request_kind=_request_kind(messages))  # fmt: skip
@@ -262,142 +250,11 @@ def _request_kind(messages: list[dict]) -> str | None:
     return "compaction" if last_user is not None and _COMPACTION_ASK in last_user["content"] else None
 
 
-def _text_of(content: object, param: str) -> str:
-    """A string, or text blocks joined with newlines."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, block in enumerate(content):
-            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-                raise BadRequest(f"{param}[{i}] must be a text block", param=param)
-            texts.append(block["text"])
-        return "\n".join(texts)
-    raise BadRequest(f"{param} must be a string or a list of text blocks", param=param)
-
-
-def _messages(messages: list, *, start: int, offset: int) -> tuple[list[dict], tuple[int, ...]]:
-    """The history elements `messages` (numbered from `start`) as chat messages, and where each element's end in
-    a list that already holds `offset` messages."""
-    out: list[dict] = []
-    ends: list[int] = []
-    for i, message in enumerate(messages, start=start):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
-            raise BadRequest(f"{param} must be an object with role 'user', 'assistant' or 'system'", param=param)
-        content = message.get("content")
-        if message["role"] == "system":  # Claude Code sends its environment notes as a system message mid-list
-            out.append({"role": "system", "content": _text_of(content, f"{param}.content")})
-            ends.append(offset + len(out))
-            continue
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        if not isinstance(blocks, list):
-            raise BadRequest(f"{param}.content must be a string or a list of blocks", param=f"{param}.content")
-        if message["role"] == "user":
-            out += _user(blocks, param)
-        else:
-            out.append(_assistant(blocks, param))
-        ends.append(offset + len(out))
-    return out, tuple(ends)
-
-
-def _user(blocks: list, param: str) -> list[dict]:
-    results, texts = [], []
-    for j, block in enumerate(blocks):
-        where = f"{param}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        elif kind == "tool_result":
-            if not isinstance(block.get("tool_use_id"), str):
-                raise BadRequest(f"{where}.tool_use_id must be a string", param=where)
-            content = block.get("content", "")
-            text = "" if content is None else _text_of(content, f"{where}.content")
-            if block.get("is_error") is True and not text.startswith("Error"):
-                text = f"Error: {text}"  # the tool failed: say so, as the agent's own tool output does
-            results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
-        elif kind in ("image", "document", "search_result"):
-            raise BadRequest(f"{where}: {kind} blocks are not supported; send text only", param=where)
-        else:
-            raise BadRequest(f"{where}: a user message holds text and tool_result blocks", param=where)
-    return results + ([{"role": "user", "content": "\n".join(texts)}] if texts or not results else [])
-
-
-def _assistant(blocks: list, param: str) -> dict:
-    texts, reasoning, calls = [], [], []
-    for j, block in enumerate(blocks):
-        where = f"{param}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        elif kind == "thinking" and isinstance(block.get("thinking"), str):
-            reasoning.append(block["thinking"])
-        elif kind == "redacted_thinking":
-            continue  # encrypted reasoning this policy never produced: nothing to render
-        elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise BadRequest(f"{where} needs id and name", param=where)
-            try:
-                arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise BadRequest(f"{where}.input cannot be serialised: {exc}", param=where) from exc
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"], "arguments": arguments}})  # fmt: skip
-        else:
-            raise BadRequest(f"{where}: an assistant message holds text, thinking and tool_use blocks", param=where)
-    message: dict = {"role": "assistant", "content": "".join(texts)}
-    if reasoning:
-        message["reasoning_content"] = "\n".join(reasoning)
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-def _tools(tools: object, *, relayed: bool = False) -> list[dict] | None:
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list):
-        raise BadRequest("tools must be a list", param="tools")
-    out = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise BadRequest(f"{param} must be an object", param=param)
-        kind = tool.get("type", "custom")
-        if kind != "custom" and relayed:
-            continue  # a server tool: the upstream runs it; the trace has no form for it
-        if kind != "custom":
-            raise BadRequest(f"{param}: server tool type {kind!r} is not supported; define it as a custom tool with "
-                             "an input_schema", param=param)  # fmt: skip
-        schema = tool.get("input_schema")
-        if not isinstance(tool.get("name"), str) or not isinstance(schema, dict):
-            raise BadRequest(f"{param} needs a name and an input_schema object", param=param)
-        function = {"name": tool["name"], "parameters": schema}
-        if isinstance(tool.get("description"), str):
-            function["description"] = tool["description"]
-        out.append({"type": "function", "function": function})
-    return out or None
-
-
 def _stream(body: dict) -> bool:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean", param="stream")
     return stream
-
-
-def _tool_choice(choice: object) -> tuple[str, bool]:
-    if choice is None:
-        return "auto", True
-    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "none", "any", "tool"):
-        raise BadRequest("tool_choice must be {'type': 'auto' | 'none' | 'any' | 'tool'}", param="tool_choice")
-    if choice["type"] in ("any", "tool"):
-        raise BadRequest(f"tool_choice {choice['type']!r} is not supported: the policy's own sampling decides whether "
-                         "it calls a tool (use 'auto' or 'none')", param="tool_choice")  # fmt: skip
-    parallel = choice.get("disable_parallel_tool_use", False)
-    if not isinstance(parallel, bool):
-        raise BadRequest("tool_choice.disable_parallel_tool_use must be a boolean", param="tool_choice")
-    return choice["type"], not parallel
 
 
 MESSAGES = MessagesDialect()
