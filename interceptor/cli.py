@@ -133,6 +133,11 @@ def _register_own(commands: CommandRegistry) -> None:
         "the same ids (checked when the tokenizer loads, and audited while serving)",
     )
     serve.add_argument(
+        "--no-suffix-writer", dest="suffix_writer", action="store_false",
+        help="render every turn's new messages through the chat template; by default, for the Qwen templates whose "
+        "text says how, a steady turn's suffix is written directly (checked when the template loads, and audited)",
+    )
+    serve.add_argument(
         "--no-fast-lane", dest="fast_lane", action="store_false",
         help="serve every request through aiohttp; by default the gate's turns and the JSON routes are read and answered "
         "straight off the socket",

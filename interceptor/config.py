@@ -97,6 +97,7 @@ class ServerConfig:
     chat_template: str | None = None
     training_template: bool = False  # TRL's prefix-preserving variant of the model's template
     tiktoken_twin: bool = True  # ASCII text encoded by tiktoken where it gives the tokenizer's ids (bpe_twin.py)
+    suffix_writer: bool = True  # steady turns' suffixes written without the template where known (suffix_writer.py)
     host: str = "127.0.0.1"
     port: int = 0
     fast_lane: bool = True  # the gate's turns and JSON routes served off the socket, the rest by aiohttp (lane.py)

@@ -25,7 +25,9 @@ namespace objects are answered at once (`_plain_data_getattr`), and short texts 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +44,17 @@ from .bpe_twin import build_twin
 from .chunk_ids import ChunkIds
 from .errors import BadRequest, ConfigError
 from .ids_json import IdsJson
+from .suffix_writer import AUDIT_EVERY, chatml_suffix, probe_cases, writer_for
 from .templates import training_template_for
 
 __all__ = ["Renderer", "RendererConfig"]
 
+log = logging.getLogger("interceptor.rendering")
+
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
 _LONG_TEXT_CHARS = 16 * 1024  # longer texts are encoded as chunks in one batch call, which releases the GIL
 _MISSING = object()
+_writer_probes: dict[tuple[str, str], str] = {}  # (template digest, end-of-turn text) -> why the probe failed, or ""
 _TOJSON_MEMO = 4096  # values whose JSON the template's tojson remembers (the tools of the live rollouts)
 
 
@@ -68,6 +74,7 @@ class RendererConfig:
     chat_template: str | None = None  # overrides the model's template (text, not a path)
     training_template: bool = False  # use TRL's prefix-preserving variant of the model's template when known
     tiktoken_twin: bool = True  # encode ASCII text with tiktoken where it gives the tokenizer's ids (bpe_twin.py)
+    suffix_writer: bool = True  # write a steady turn's suffix without the template where it says how (suffix_writer.py)
 
     def __post_init__(self) -> None:
         if not Path(self.model_dir).is_dir():
@@ -109,6 +116,11 @@ class Renderer:
             build_twin(tokenizer, config.model_dir) if config.tiktoken_twin and rust is not None
             else (None, "not asked for" if rust is not None else "the tokenizer is not a fast (Rust) tokenizer")
         )
+        # A steady turn's suffix written without the template, where the template is one that says how
+        self.suffix_writer, self.suffix_writer_absent_because = (
+            self._checked_writer() if config.suffix_writer else (None, "not asked for"))
+        self.suffix_mismatches = 0
+        self._suffixes_written = 0
 
     def single_token_id(self, text: str) -> int | None:
         """The id of `text` when the tokenizer encodes it as one token, else None."""
@@ -192,6 +204,12 @@ class Renderer:
         context = ([system] if system else []) + [_PLACEHOLDER_USER, last_assistant]
         return self.render_text(context, tools, generation_prompt=False).count(self.end_of_turn_text)
 
+    @property
+    def writes_suffixes(self) -> bool:
+        """Whether steady turns' suffixes are written without the template (then `closing_turns` is needed only
+        for new messages the writer declines, and need not be readied ahead)."""
+        return self.suffix_writer is not None
+
     def render_suffix(
         self, *, system: dict | None, last_assistant: dict, new_messages: list[dict], tools: list[dict] | None,
         closing_turns: int | None = None,
@@ -203,6 +221,26 @@ class Renderer:
         How the template would re-render the assistant turn itself (Qwen3 drops earlier reasoning) does not
         matter: the recorded sample keeps the ids the model sampled, and the suffix starts after them.
         """
+        text = chatml_suffix(new_messages) if self.suffix_writer is not None else None
+        if text is None:
+            text = self.rendered_suffix(system=system, last_assistant=last_assistant, new_messages=new_messages,
+                                        tools=tools, closing_turns=closing_turns)
+        else:
+            self._suffixes_written += 1
+            if self._suffixes_written % AUDIT_EVERY == 0:
+                reference = self.rendered_suffix(system=system, last_assistant=last_assistant,
+                                                 new_messages=new_messages, tools=tools)
+                if reference != text:
+                    self._writer_off(text, reference)
+                    text = reference
+        return None if text is None else self.encode(text)
+
+    def rendered_suffix(
+        self, *, system: dict | None, last_assistant: dict, new_messages: list[dict], tools: list[dict] | None,
+        closing_turns: int | None = None,
+    ) -> str | None:
+        """The suffix's text as the template renders it: a small context (system, a placeholder user turn,
+        `last_assistant`) and the new messages, cut after that assistant turn's end-of-turn token."""
         if closing_turns is None:
             closing_turns = self.closing_turns(system=system, last_assistant=last_assistant, tools=tools)
         if closing_turns == 0:
@@ -214,7 +252,44 @@ class Renderer:
             end = after.find(self.end_of_turn_text, end + 1)
             if end < 0:
                 return None
-        return self.encode(after[end + len(self.end_of_turn_text):])
+        return after[end + len(self.end_of_turn_text):]
+
+    def _checked_writer(self) -> tuple[str | None, str]:
+        """The template's name in `suffix_writer.CHATML_TOOL_TEMPLATES` and "" when `chatml_suffix` writes its
+        suffixes (the template is one of those and gives the same text on every probe), else None and why not."""
+        name = writer_for(self.template)
+        if name is None:
+            return None, "the chat template is none of those whose suffix is written (suffix_writer.py)"
+        key = (hashlib.sha256(self.template.encode("utf-8")).hexdigest(), self.end_of_turn_text)
+        if key not in _writer_probes:
+            _writer_probes[key] = self._probe_writer()
+        failed = _writer_probes[key]
+        if failed:
+            return None, f"the written suffix differs from the template's {name} on a probe: {failed}"
+        return name, ""
+
+    def _probe_writer(self) -> str:
+        for system, assistant, new, tools in probe_cases():
+            try:
+                reference = self.rendered_suffix(system=system, last_assistant=assistant, new_messages=new, tools=tools)
+            except BadRequest as exc:
+                return f"the template rejected a probe ({exc.message})"
+            if chatml_suffix(new) != reference:
+                roles = ", ".join(m["role"] for m in new)
+                return f"new messages ({roles}) after an assistant turn of {len(assistant['content'])} characters"
+        return ""
+
+    def _writer_off(self, text: str, reference: str | None) -> None:
+        self.suffix_mismatches += 1
+        if self.suffix_writer is None:
+            return
+        self.suffix_writer = None
+        self.suffix_writer_absent_because = "a written suffix differed from the template's while serving"
+        log.error(
+            "a written suffix (%d characters) differed from the chat template's (%s); suffixes are rendered "
+            "through the template for the rest of this process", len(text),
+            "no end-of-turn token" if reference is None else f"{len(reference)} characters",
+        )
 
     def decode(self, ids: list[int]) -> str:
         if self.twin is not None and (text := self.twin.decode(ids)) is not None:

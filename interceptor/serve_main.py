@@ -37,6 +37,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         mode=args.mode,
         model_dir=Path(args.model) if args.model else None,
         tiktoken_twin=args.tiktoken_twin,
+        suffix_writer=args.suffix_writer,
         fast_lane=args.fast_lane,
         host=args.host,
         port=args.port,

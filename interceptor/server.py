@@ -223,6 +223,7 @@ class InterceptionServer:
                 chat_template=self.config.chat_template,
                 training_template=self.config.training_template,
                 tiktoken_twin=self.config.tiktoken_twin,
+                suffix_writer=self.config.suffix_writer,
             ),
         )
         upstream_model = self.config.upstream.model

@@ -252,8 +252,8 @@ class Trajectory:
         renders through the branch's last assistant message. The next `extend` uses it when the agent sends that
         message back unchanged; otherwise it renders it itself, as without this. `tools`: those of the turn just
         committed on it (the branch's tools)."""
-        if branch.busy or not branch.messages:
-            return  # a turn on it already started
+        if branch.busy or not branch.messages or self._renderer.writes_suffixes:
+            return  # a turn on it already started, or the suffix is written without the template (no count needed)
         try:  # as the agent's copy will read once normalised (an answer's `"content": null` comes back as "")
             last = normalize_messages([branch.messages[-1]])[0]
             turns = self._renderer.closing_turns(system=branch.system, last_assistant=last, tools=tools)

@@ -8,6 +8,7 @@ and the arrays line up. Forks happen where the history stops being an extension,
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from openai import AsyncOpenAI
@@ -260,7 +261,9 @@ async def _tool_loop_prompts(server, scripted, *, reserialise_from: int) -> tupl
 async def test_the_end_of_turn_count_readied_after_an_answer_serves_an_unchanged_echo_only(
     scripted, tiny_model_dir, monkeypatch
 ):
-    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir)
+    """With suffixes rendered through the template (a template `suffix_writer.py` does not write for)."""
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir,
+                          suffix_writer=False)
     async with InterceptionServer(config) as server:
         readied, rendered = await _tool_loop_prompts(server, scripted, reserialise_from=2)
     # Readied once per answer, for the message returned; the echoes whose arguments come back with other bytes
@@ -273,3 +276,17 @@ async def test_the_end_of_turn_count_readied_after_an_answer_serves_an_unchanged
         unreadied, rendered = await _tool_loop_prompts(server, scripted, reserialise_from=2)
     assert len(rendered) == 4  # nothing readied: every extending turn renders its own count
     assert readied == unreadied
+
+
+async def test_written_suffixes_need_no_end_of_turn_count_and_give_the_templates_prompts(scripted, tiny_model_dir):
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir,
+                          suffix_writer=False)
+    async with InterceptionServer(config) as server:
+        rendered_prompts, _ = await _tool_loop_prompts(server, scripted, reserialise_from=2)
+    scripted.calls.clear()
+    async with InterceptionServer(replace(config, suffix_writer=True)) as server:
+        assert server.policy.renderer.suffix_writer == "qwen3"
+        written_prompts, counted = await _tool_loop_prompts(server, scripted, reserialise_from=2)
+        assert server.policy.renderer.suffix_mismatches == 0
+    assert counted == []  # no end-of-turn count, readied or on a turn's path
+    assert written_prompts == rendered_prompts
