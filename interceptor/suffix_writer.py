@@ -22,6 +22,12 @@ that is not a string. A template outside the list is rendered as before, whateve
 `Renderer` checks the writer against the template on `probe_cases()` when it loads (the texts must be equal) and,
 while serving, renders one suffix in `AUDIT_EVERY` through the template too: a difference turns the writer off for
 the rest of the process, is logged and counted, and that turn takes the template's suffix.
+
+Another template joins the list only once its text has been read for the points above (what ends an assistant
+turn, how tool results, user and later system messages and the generation prompt are written, that nothing there
+reads a content or any other message): its TRL name and the sha256 of its text go into `CHATML_TOOL_TEMPLATES`,
+and `tests/interceptor/test_suffix_writer.py` holds the writer to it. A template that writes these otherwise
+(Llama 3's headers, Qwen3-VL's system messages) needs a writer of its own, not this one.
 """
 
 from __future__ import annotations
