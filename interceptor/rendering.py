@@ -6,7 +6,9 @@ Two ways to render:
 - `render_suffix(last_assistant, new_messages, tools)`: only what follows an assistant turn the model sampled.
   The template is rendered on a small context (system, a placeholder user turn, that assistant turn) followed by
   the new messages; what comes after that assistant turn's end-of-turn token is the suffix. Its cost does not
-  depend on how long the conversation already is.
+  depend on how long the conversation already is. For the Qwen templates whose text says how, the suffix is
+  written without running the template (`suffix_writer.py`: checked when the template loads, audited while
+  serving); `rendered_suffix` is the template's own.
 
 Text is split at special tokens before BPE, so ids of a suffix that starts right after a special token are the
 ids a full tokenization would give there; for the same reason a long text, and a whole conversation of 2k+
@@ -25,7 +27,6 @@ namespace objects are answered at once (`_plain_data_getattr`), and short texts 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import OrderedDict
@@ -44,7 +45,7 @@ from .bpe_twin import build_twin
 from .chunk_ids import ChunkIds
 from .errors import BadRequest, ConfigError
 from .ids_json import IdsJson
-from .suffix_writer import AUDIT_EVERY, chatml_suffix, probe_cases, writer_for
+from .suffix_writer import AUDIT_EVERY, chatml_suffix, checked_writer
 from .templates import training_template_for
 
 __all__ = ["Renderer", "RendererConfig"]
@@ -54,7 +55,6 @@ log = logging.getLogger("interceptor.rendering")
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
 _LONG_TEXT_CHARS = 16 * 1024  # longer texts are encoded as chunks in one batch call, which releases the GIL
 _MISSING = object()
-_writer_probes: dict[tuple[str, str], str] = {}  # (template digest, end-of-turn text) -> why the probe failed, or ""
 _TOJSON_MEMO = 4096  # values whose JSON the template's tojson remembers (the tools of the live rollouts)
 
 
@@ -118,7 +118,8 @@ class Renderer:
         )
         # A steady turn's suffix written without the template, where the template is one that says how
         self.suffix_writer, self.suffix_writer_absent_because = (
-            self._checked_writer() if config.suffix_writer else (None, "not asked for"))
+            checked_writer(template, self.end_of_turn_text, self.rendered_suffix) if config.suffix_writer
+            else (None, "not asked for"))
         self.suffix_mismatches = 0
         self._suffixes_written = 0
 
@@ -253,31 +254,6 @@ class Renderer:
             if end < 0:
                 return None
         return after[end + len(self.end_of_turn_text):]
-
-    def _checked_writer(self) -> tuple[str | None, str]:
-        """The template's name in `suffix_writer.CHATML_TOOL_TEMPLATES` and "" when `chatml_suffix` writes its
-        suffixes (the template is one of those and gives the same text on every probe), else None and why not."""
-        name = writer_for(self.template)
-        if name is None:
-            return None, "the chat template is none of those whose suffix is written (suffix_writer.py)"
-        key = (hashlib.sha256(self.template.encode("utf-8")).hexdigest(), self.end_of_turn_text)
-        if key not in _writer_probes:
-            _writer_probes[key] = self._probe_writer()
-        failed = _writer_probes[key]
-        if failed:
-            return None, f"the written suffix differs from the template's {name} on a probe: {failed}"
-        return name, ""
-
-    def _probe_writer(self) -> str:
-        for system, assistant, new, tools in probe_cases():
-            try:
-                reference = self.rendered_suffix(system=system, last_assistant=assistant, new_messages=new, tools=tools)
-            except BadRequest as exc:
-                return f"the template rejected a probe ({exc.message})"
-            if chatml_suffix(new) != reference:
-                roles = ", ".join(m["role"] for m in new)
-                return f"new messages ({roles}) after an assistant turn of {len(assistant['content'])} characters"
-        return ""
 
     def _writer_off(self, text: str, reference: str | None) -> None:
         self.suffix_mismatches += 1

@@ -33,9 +33,11 @@ and `tests/interceptor/test_suffix_writer.py` holds the writer to it. A template
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-__all__ = ["AUDIT_EVERY", "CHATML_TOOL_TEMPLATES", "chatml_suffix", "probe_cases", "writer_for"]
+from .errors import BadRequest
+
+__all__ = ["AUDIT_EVERY", "CHATML_TOOL_TEMPLATES", "checked_writer", "chatml_suffix", "probe_cases", "writer_for"]
 
 AUDIT_EVERY = 64  # one written suffix in this many is also rendered through the template and compared
 
@@ -48,15 +50,42 @@ CHATML_TOOL_TEMPLATES = {
     "qwen3_instruct_2507": "64f85b198065d0fba2a81f37e10ed68161ce2c19a754c7100e67e0ca2ee9c326",
     "qwen3_instruct_2507_training": "48e17aa3caf5bf20075b6e7366864ee943e00b6f0752aadfe8b670c2ab0291a5",
 }
-_DIGESTS = frozenset(CHATML_TOOL_TEMPLATES.values())
+_probed: dict[tuple[str, str], str] = {}  # (template digest, end-of-turn text) -> why the probe failed, or ""
 
 
 def writer_for(template: str) -> str | None:
     """The name of the template `chatml_suffix` writes for, or None when `template` is none of them."""
     digest = hashlib.sha256(template.encode("utf-8")).hexdigest()
-    if digest not in _DIGESTS:
-        return None
-    return next(name for name, known in CHATML_TOOL_TEMPLATES.items() if known == digest)
+    return next((name for name, known in CHATML_TOOL_TEMPLATES.items() if known == digest), None)
+
+
+def checked_writer(
+    template: str, end_of_turn: str, rendered_suffix: Callable[..., str | None]
+) -> tuple[str | None, str]:
+    """The template's name in `CHATML_TOOL_TEMPLATES` and "" when `chatml_suffix` writes its suffixes (the template
+    is one of those, and `rendered_suffix`, the renderer's, gives the written text on every probe), else None and
+    why not. A template is probed once per process and end-of-turn token."""
+    name = writer_for(template)
+    if name is None:
+        return None, "the chat template is none of those whose suffix is written (suffix_writer.py)"
+    key = (hashlib.sha256(template.encode("utf-8")).hexdigest(), end_of_turn)
+    if key not in _probed:
+        _probed[key] = _probe(rendered_suffix)
+    if _probed[key]:
+        return None, f"the written suffix differs from the template's {name} on a probe: {_probed[key]}"
+    return name, ""
+
+
+def _probe(rendered_suffix: Callable[..., str | None]) -> str:
+    for system, assistant, new, tools in probe_cases():
+        try:
+            reference = rendered_suffix(system=system, last_assistant=assistant, new_messages=new, tools=tools)
+        except BadRequest as exc:
+            return f"the template rejected a probe ({exc.message})"
+        if chatml_suffix(new) != reference:
+            roles = ", ".join(m["role"] for m in new)
+            return f"new messages ({roles}) after an assistant turn of {len(assistant['content'])} characters"
+    return ""
 
 
 def chatml_suffix(new_messages: list[dict]) -> str | None:

@@ -11,6 +11,7 @@ import random
 import pytest
 
 import interceptor.rendering as rendering
+import interceptor.suffix_writer as suffix_writer
 from interceptor.rendering import Renderer, RendererConfig
 from interceptor.suffix_writer import AUDIT_EVERY, CHATML_TOOL_TEMPLATES, chatml_suffix, probe_cases
 from interceptor.templates import trl_chat_template
@@ -79,7 +80,7 @@ def test_suffix_writer_off_in_the_config_renders_through_the_template(tiny_model
 def test_a_listed_template_that_fails_the_probe_gets_no_writer(tiny_model_dir, monkeypatch):
     """A template the list names but whose suffixes differ (here qwen3_5_think's, whose generation prompt opens a
     thinking block) is caught when it loads."""
-    monkeypatch.setattr(rendering, "writer_for", lambda template: "claimed")
+    monkeypatch.setattr(suffix_writer, "writer_for", lambda template: "claimed")
     renderer = Renderer(RendererConfig(model_dir=tiny_model_dir, chat_template=trl_chat_template("qwen3_5_think")))
     assert renderer.suffix_writer is None
     assert "differs from the template's claimed on a probe" in renderer.suffix_writer_absent_because
