@@ -22,7 +22,7 @@ import orjson
 from .digests import digest
 from .ids_json import IdsJson
 
-__all__ = ["ChunkIds"]
+__all__ = ["ChunkIds", "cut_after"]
 
 _BATCH_CHARS = 256 * 1024  # text per batch call: work for the tokenizer's threads, and ~60k ids alive at most
 
@@ -87,3 +87,15 @@ class ChunkIds:
                     self._kept_ids -= len(dropped)
             del encoded
             yield from found
+
+
+def cut_after(text: str, marker: str) -> list[str]:
+    """`text` cut right after each occurrence of `marker` (the pieces join back to `text`)."""
+    pieces, start = [], 0
+    while (end := text.find(marker, start)) >= 0:
+        end += len(marker)
+        pieces.append(text[start:end])
+        start = end
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces

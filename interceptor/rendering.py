@@ -42,7 +42,7 @@ from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from .bpe_twin import build_twin
-from .chunk_ids import ChunkIds
+from .chunk_ids import ChunkIds, cut_after
 from .errors import BadRequest, ConfigError
 from .ids_json import IdsJson
 from .suffix_writer import AUDIT_EVERY, chatml_suffix, checked_writer
@@ -174,7 +174,7 @@ class Renderer:
             return self._encode_batch([text])[0]
         # Cut right after each end-of-turn token, the chunks give the ids the whole text gives (special tokens are
         # split off before BPE); the ones not remembered are encoded in one batch call, which releases the GIL.
-        chunks = _after_each(text, self.end_of_turn_text)
+        chunks = cut_after(text, self.end_of_turn_text)
         return self._chunks.encode(chunks, self._encode_batch)
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -196,7 +196,7 @@ class Renderer:
         text = self.render_text(messages, tools, generation_prompt=True)
         if self._rust is None or len(text) <= _LONG_TEXT_CHARS:
             return IdsJson.of(self.encode(text, shared=True))
-        return self._chunks.encode_json(_after_each(text, self.end_of_turn_text), self._encode_batch)
+        return self._chunks.encode_json(cut_after(text, self.end_of_turn_text), self._encode_batch)
 
     def closing_turns(self, *, system: dict | None, last_assistant: dict, tools: list[dict] | None) -> int:
         """How many end-of-turn tokens the template renders up to and including `last_assistant`'s, in the small
@@ -273,18 +273,6 @@ class Renderer:
         if self._decode_direct:  # what `tokenizer.decode` does when it cleans nothing up, without its Python layers
             return self._rust.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def _after_each(text: str, marker: str) -> list[str]:
-    """`text` cut right after each occurrence of `marker` (the pieces join back to `text`)."""
-    pieces, start = [], 0
-    while (end := text.find(marker, start)) >= 0:
-        end += len(marker)
-        pieces.append(text[start:end])
-        start = end
-    if start < len(text):
-        pieces.append(text[start:])
-    return pieces
 
 
 def _fast_template(template: str):

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from interceptor.chunk_ids import ChunkIds, cut_after
+
 from .agent_contexts import SHELL_TOOLS, Context, load_agent_request
 from .tool_texts import (
     AFTER_SYSTEMS, DISTRACTIONS, FILLER_WORDS, OTHER_TOOLS, SHELL_MENTION_RATE, SHELL_MENTIONS, SHELL_WORDS,
@@ -137,9 +139,9 @@ class EpisodeMaker:
         # An agent step's episodes share their prompt (thousands of tokens): the last one encoded is kept.
         self._encode_context = functools.lru_cache(maxsize=1)(
             lambda text: self._tokenizer.encode(text, add_special_tokens=False))
-        # So do long turns after the task (Claude Code's ~2k-token environment): the last few are kept.
-        self._encode_turn = functools.lru_cache(maxsize=8)(
-            lambda text: self._tokenizer.encode(text, add_special_tokens=False))
+        # So do long turns after the task (Claude Code's ~2k-token environment): kept as the gate keeps an agent's
+        # system prompt, by `ChunkIds` over the text cut after each end-of-turn token.
+        self._turn_ids = ChunkIds(min_chars=_REMEMBERED_TURN_CHARS)
         self._agent_credit = 0.0  # agent steps come at `agent_request_rate`, evenly spaced
         self._deck: list[int] = []  # the agents (indices) still to come in this round
         self.digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
@@ -375,20 +377,7 @@ class EpisodeMaker:
         return Episode(ids=ids, mask=mask, context=context)
 
     def _encode_turns(self, text: str) -> list[int]:
-        """The ids of `text`, cut after each end-of-turn token: long turns are remembered (`_encode_turn`), the
-        others encoded together. Special tokens are split off before BPE, so the parts give the whole text's ids."""
-        ids: list[int] = []
-        short = ""
-        turns = text.split(self._end)
-        for number, turn in enumerate(turns, 1):
-            turn += self._end if number < len(turns) else ""
-            if len(turn) < _REMEMBERED_TURN_CHARS:
-                short += turn
-                continue
-            if short:
-                ids += self._tokenizer.encode(short, add_special_tokens=False)
-                short = ""
-            ids += self._encode_turn(turn)
-        if short:
-            ids += self._tokenizer.encode(short, add_special_tokens=False)
-        return ids
+        """The ids of `text`, cut after each end-of-turn token: long turns are remembered (`ChunkIds`), the others
+        encoded each time. Special tokens are split off before BPE, so the parts give the whole text's ids."""
+        return self._turn_ids.encode(cut_after(text, self._end),
+                                     lambda texts: [self._tokenizer.encode(t, add_special_tokens=False) for t in texts])
