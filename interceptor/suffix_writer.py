@@ -50,7 +50,7 @@ CHATML_TOOL_TEMPLATES = {
     "qwen3_instruct_2507": "64f85b198065d0fba2a81f37e10ed68161ce2c19a754c7100e67e0ca2ee9c326",
     "qwen3_instruct_2507_training": "48e17aa3caf5bf20075b6e7366864ee943e00b6f0752aadfe8b670c2ab0291a5",
 }
-_probed: dict[tuple[str, str], str] = {}  # (template digest, end-of-turn text) -> why the probe failed, or ""
+_probed: dict[tuple[str, str], str] = {}  # (template, end-of-turn text) -> why the probe failed, or ""
 
 
 def writer_for(template: str) -> str | None:
@@ -68,7 +68,7 @@ def checked_writer(
     name = writer_for(template)
     if name is None:
         return None, "the chat template is none of those whose suffix is written (suffix_writer.py)"
-    key = (hashlib.sha256(template.encode("utf-8")).hexdigest(), end_of_turn)
+    key = (template, end_of_turn)
     if key not in _probed:
         _probed[key] = _probe(rendered_suffix)
     if _probed[key]:
