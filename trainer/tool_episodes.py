@@ -72,6 +72,12 @@ _CAPTURED_ROLLOUT_DIR = "/tmp/interceptor-rollout"  # how the captures in traine
 # of once per episode, each episode's own task keeping its gradient. Shorter (the other agents: the end-of-turn and
 # the assistant header) runs with each episode, exactly.
 _SHARED_AFTER_TOKENS = 64
+# The first tokens of that shared text stay each episode's own: the shared text's states are computed once, after the
+# first episode's task, and the first layer's heads that read the last tokens before a position (the copy circuit's)
+# would give its first positions that episode's task's last tokens. A task that ends in its number ("... the answer
+# 4.") lost the end of the number to the copy head that way: over three draws of four episodes the step's margins were
+# up to 4.1 logits from the model's own (the build's check corrected such margins, in the wrong direction).
+_OWN_AFTER_TASK = 8
 _REMEMBERED_TURN_CHARS = 2048  # turns this long recur (Claude Code's environment after the task): encoded once
 
 
@@ -111,7 +117,8 @@ def _share_context(episodes: list[Episode]) -> list[Episode]:
     """Episodes behind one agent's prompt, their context extended to all the ids they share: the prompt and
     whatever the agent puts before the task in its message (Claude Code's ~2k-token reminder), which then runs once,
     without gradient, instead of once per episode. Ids they share after their tasks, if there are at least
-    `_SHARED_AFTER_TOKENS` (Claude Code's environment), are marked `shared_after`: run once too."""
+    `_SHARED_AFTER_TOKENS` (Claude Code's environment), are marked `shared_after`: run once too, but for the first
+    `_OWN_AFTER_TASK` of them, which each episode runs as its own."""
     if len({tuple(episode.ids[:episode.context]) for episode in episodes}) != 1:
         raise ValueError("an agent's prompt did not encode to the same context ids twice")
     if len(episodes) < 2:
@@ -121,6 +128,7 @@ def _share_context(episodes: list[Episode]) -> list[Episode]:
     shared = min(shared, min(ends))  # keep that position with its episode
     suffix = len(os.path.commonprefix([episode.ids[shared:end][::-1] for episode, end in zip(episodes, ends)]))
     suffix = min(suffix, min(ends) - shared - 1)  # each episode keeps at least one token of its own task
+    suffix -= _OWN_AFTER_TASK  # and the first tokens after it (above)
     return [dataclasses.replace(episode, context=max(episode.context, shared),
                                 shared_after=(end - suffix, end) if suffix >= _SHARED_AFTER_TOKENS else (0, 0))
             for episode, end in zip(episodes, ends)]

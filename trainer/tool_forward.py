@@ -6,9 +6,11 @@ a copy of the prefix per row and without a dense mask over it.
 `prefix_states` runs an agent's long prompt once, without gradient, and keeps each layer's keys and values;
 `prefix_and_interlude` also keeps, from the same causal pass, text that every row has between its own start and its
 targets (Claude Code's ~2k-token environment after the task), run after the first row's own start, its keys kept
-unrotated, so that each row sees them at its own positions. `hidden_states` runs rows (from position 0, or continuing
-the prefix, each with the interlude inserted at its own split) to the last hidden states, with gradient, or only
-at the positions a step reads.
+unrotated, so that each row sees them at its own positions. Its states past the first layer are the first row's: exact
+for another row only where the layers read the same tokens, so the caller leaves the interlude's first tokens, which the
+first layer's heads read the row's own last tokens from, in each row (`tool_episodes._OWN_AFTER_TASK`). `hidden_states`
+runs rows (from position 0, or continuing the prefix, each with the interlude inserted at its own split) to the last
+hidden states, with gradient, or only at the positions a step reads.
 """
 
 from __future__ import annotations

@@ -25,22 +25,23 @@ logits are exactly 0, so the full-vocabulary softmax costs only the used rows). 
 tokens are trained.
 
 Where the time goes, and how the steps take well under a minute (`trainer.tool_forward` runs the decoder): with
-`bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster
-than float32; by default only on such a CPU, `precision.cpu_multiplies_bf16`: without them bf16 is emulated, 8.5x
-slower than float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k
-tokens) runs once per step without gradient, only as far as its last layer's keys and values (that layer's
-attention over the prompt would go unused), and the step's episodes attend to them without a copy per episode; so
-does the text they share after their tasks (Claude Code's ~2.1k-token environment), run in the same causal pass
-after the first episode's task and seen by each episode at its own positions. The episodes' last layer runs only
-where a state predicts a target (a third of their tokens; its keys and values still come from every position).
-Each episode's own task keeps its gradient: without it
-the model learnt to copy the tool name from a shell-like word in the prompt (Pi's "Bash command to execute",
-Claude Code's "Shell: bash") instead of from the offered tool; for the same reason synthetic prompts name shells in
-prose (`Shell: bash`, `<shell>zsh</shell>`), often not the offered one. Agent steps are evenly spaced and take the
-agents in rounds (`agent_weights`): drawn at random, one agent could go unseen for the last stretch of training and
-the tool name its prompt gets flipped (measured: Pi's `bash` became `Bash`, Codex's `exec_command` became `bash`).
-Synthetic rows run one at a time, unpadded (a long-prompt row is 3x the others). The steps keep the pages they free
-for the next step (`trainer.heap`): glibc's defaults faulted them in again, 18 s of system time in a 62 s build.
+`bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster than
+float32; by default only on such a CPU, `precision.cpu_multiplies_bf16`: without them bf16 is emulated, 8.5x slower than
+float32), while weights, optimizer and the saved model stay float32. An agent's prompt (1.4k to 9.5k tokens) runs once
+per step without gradient, only as far as its last layer's keys and values (that layer's attention over the prompt would
+go unused), and the step's episodes attend to them without a copy per episode; so does the text they share after their
+tasks (Claude Code's ~2.1k-token environment), run in the same causal pass after the first episode's task and seen by
+each episode at its own positions, but for its first few tokens, which each episode runs itself
+(`tool_episodes._OWN_AFTER_TASK`: there the copy head reads where a task's number ends). The episodes' last layer runs
+only where a state predicts a target (a third of their tokens; its keys and values still come from every position). Each
+episode's own task keeps its gradient: without it the model learnt to copy the tool name from a shell-like word in the
+prompt (Pi's "Bash command to execute", Claude Code's "Shell: bash") instead of from the offered tool; for the same
+reason synthetic prompts name shells in prose (`Shell: bash`, `<shell>zsh</shell>`), often not the offered one. Agent
+steps are evenly spaced and take the agents in rounds (`agent_weights`): drawn at random, one agent could go unseen for
+the last stretch of training and the tool name its prompt gets flipped (measured: Pi's `bash` became `Bash`, Codex's
+`exec_command` became `bash`). Synthetic rows run one at a time, unpadded (a long-prompt row is 3x the others). The
+steps keep the pages they free for the next step (`trainer.heap`): glibc's defaults faulted them in again, 18 s of
+system time in a 62 s build.
 
 The steps alone leave each agent's call a few logits ahead of the next best name or argument (Claude Code's `Bash`
 against its environment's "Shell: bash", Pi's `bash` against its "Bash command", Codex's `cmd` against `command`),
@@ -340,7 +341,8 @@ def _target_logits(model, inputs: TrainableRows, outputs: TrainableRows, step: S
     if step.agents:
         # An agent's prompt is thousands of tokens: it is run once without gradient and the step's agent episodes
         # attend to its keys and values; so is text they share after their tasks (Claude Code's ~2k-token
-        # environment), run after the first episode's task. Each episode's own task and turns keep their gradient:
+        # environment; its first tokens stay each episode's own), run after the first episode's task. Each
+        # episode's own task and turns keep their gradient:
         # without it on the task, the model learnt to copy the tool name from a shell-like word in the prompt (Pi's
         # "Bash command to execute", Claude Code's "Shell: bash") instead of from the offered tool's name.
         first = step.agents[0]

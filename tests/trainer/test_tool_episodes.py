@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
-from trainer.tool_episodes import EpisodeMaker, shell_tool
+from trainer.tool_episodes import _OWN_AFTER_TASK, EpisodeMaker, shell_tool
 from trainer.tool_texts import TOOL_OUTPUTS
 from trainer.tool_model import ToolTrainingSpec
 
@@ -72,13 +72,17 @@ def test_episodes_behind_an_agent_share_everything_before_their_tasks_and_learn_
 
 def test_episodes_behind_claude_code_share_its_environment_after_their_own_tasks(tokenizer):
     """Claude Code's ~2k-token environment after the task is marked to run once per step; each episode keeps its own
-    task between the shared prompt and it, and the position that predicts its first target."""
+    task between the shared prompt and it, the environment's first tokens (where the first layer's heads read the
+    task's last tokens), and the position that predicts its first target."""
     spec = ToolTrainingSpec(agent_requests=(REQUESTS / "claude_first_request.json",), agent_request_rate=1.0,
                             agent_episodes=4, tokens_per_step=64, row_tokens=64)
     agents = EpisodeMaker(tokenizer, spec).step().agents
     spans = [episode.ids[start:end] for episode in agents for start, end in [episode.shared_after]]
     assert all(span == spans[0] for span in spans) and len(spans[0]) > 1000
-    assert "# Environment" in tokenizer.decode(spans[0])
+    assert "nvironment" in tokenizer.decode(spans[0])
+    starts = [episode.shared_after[0] for episode in agents]
+    heads = {tuple(episode.ids[start - _OWN_AFTER_TASK:start]) for episode, start in zip(agents, starts)}
+    assert len(heads) == 1 and "<|im_start|>system" in tokenizer.decode(list(heads.pop())), "its own, alike in all"
     for episode in agents:
         start, end = episode.shared_after
         assert episode.context < start and end == episode.mask.index(True) - 1 and not any(episode.mask[start:end])

@@ -6,7 +6,9 @@ model's own chat template; calls are parsed with the interceptor's own parser.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import random
 import re
 from pathlib import Path
@@ -20,10 +22,11 @@ from trainer.local_model import LOCAL_TRAINING
 from trainer.precision import cpu_multiplies_bf16
 from trainer.tiny_model import TinyModelSpec, make_tiny_model
 from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
-from trainer.tool_episodes import shell_tool
+from trainer.tool_episodes import EpisodeMaker, Step, shell_tool
 from trainer.tool_model import (
-    BASH_TOOL, DONE_TEXT, ToolTrainingReport, ToolTrainingSpec, tool_model_spec, train_tool_calling,
+    BASH_TOOL, DONE_TEXT, ToolTrainingReport, ToolTrainingSpec, _target_logits, tool_model_spec, train_tool_calling,
 )
+from trainer.trainable_rows import TrainableRows
 
 # The agents' captured first requests, shipped with the trainer (the same captures as in tests/data).
 REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "agent_requests"
@@ -196,6 +199,39 @@ def test_the_model_calls_the_shell_tool_inside_the_agents_real_prompt(trained, a
     assert sum(_calls_the_shell(text, context.shell) for text in texts) >= (12 if agent == "claude" else 14), texts
     if agent in EXACT_NUMBERS:
         assert sum(_submits(text, n, context.shell) for text, n in zip(texts, numbers)) >= 14, texts
+
+
+def test_a_step_behind_claude_codes_prompt_computes_for_each_episode_what_the_model_computes_for_it_alone(trained):
+    """A step runs Claude Code's prompt and the ~2k-token environment after the tasks once for all its episodes
+    (trainer.tool_episodes, trainer.tool_forward): what the build learns from and checks on each episode, the
+    targets' log-probabilities and their margins over the next best token, must be what the served model computes
+    from that episode alone. (When the environment's first tokens were shared too, an episode other than the first
+    read the first one's task there: its margins were up to 4.1 logits off and its log-probabilities 0.31.)"""
+    _, tokenizer, model = trained
+    spec = dataclasses.replace(LOCAL_TRAINING, agent_requests=(AGENT_REQUESTS["claude"],), agent_weights=(), seed=7)
+    maker = EpisodeMaker(tokenizer, spec)
+    used = torch.nonzero(model.lm_head.weight.abs().sum(1)).flatten().tolist()  # the rows training used
+    inputs, outputs = TrainableRows(model.model.embed_tokens.weight, used), TrainableRows(model.lm_head.weight, used)
+    frozen = model.lm_head.weight.shape[0] - len(used)
+
+    def scored(logits, labels):  # the targets' log-probabilities and margins
+        target = logits.gather(1, labels[:, None])[:, 0]
+        rival = logits.scatter(1, labels[:, None], -math.inf).max(dim=1).values
+        return logits.log_softmax(dim=1).gather(1, labels[:, None])[:, 0], target - rival
+
+    for _ in range(3):
+        episodes = maker.agent_episodes(0, 4, exact=True)
+        assert all(e.shared_after[1] - e.shared_after[0] > 1000 for e in episodes), "the environment runs once"
+        with torch.no_grad():
+            ours, labels = _target_logits(model, inputs, outputs, Step(rows=[], agents=episodes, episodes=4),
+                                          pad_id=model.config.pad_token_id)
+            alone = []
+            for episode in episodes:
+                logits = model(torch.tensor([episode.ids])).logits[0, :-1][torch.tensor(episode.mask[1:])][:, used]
+                alone.append(torch.cat([logits, logits.new_full((len(logits), 1), math.log(frozen))], dim=1))
+        (ours_logp, ours_margin), (logp, margin) = scored(ours, labels), scored(torch.cat(alone), labels)
+        torch.testing.assert_close(ours_logp, logp, atol=0.25, rtol=0)
+        torch.testing.assert_close(ours_margin, margin, atol=0.5, rtol=0)
 
 
 def test_training_is_deterministic_for_a_seed(tmp_path):
