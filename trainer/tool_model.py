@@ -341,10 +341,10 @@ def _target_logits(model, inputs: TrainableRows, outputs: TrainableRows, step: S
     if step.agents:
         # An agent's prompt is thousands of tokens: it is run once without gradient and the step's agent episodes
         # attend to its keys and values; so is text they share after their tasks (Claude Code's ~2k-token
-        # environment; its first tokens stay each episode's own), run after the first episode's task. Each
-        # episode's own task and turns keep their gradient:
-        # without it on the task, the model learnt to copy the tool name from a shell-like word in the prompt (Pi's
-        # "Bash command to execute", Claude Code's "Shell: bash") instead of from the offered tool's name.
+        # environment; its first tokens stay each episode's own), run after the first episode's task. Each episode's
+        # own task and turns keep their gradient: without it on the task, the model learnt to copy the tool name from
+        # a shell-like word in the prompt (Pi's "Bash command to execute", Claude Code's "Shell: bash") instead of
+        # from the offered tool's name.
         first = step.agents[0]
         context, (start, end) = first.context, first.shared_after
         interlude = None
