@@ -120,6 +120,12 @@ class EpisodeProcess:
     def response_checks(self, count: int, *, seed: int) -> list[list[Episode]]:
         return self._ask("response_checks", count, seed)
 
+    def first_turn_step(self) -> Step:
+        return self._ask("first_turn_step")
+
+    def first_turn_checks(self, count: int, *, seed: int) -> list[Episode]:
+        return self._ask("first_turn_checks", count, seed)
+
     # ---- the pipe: requests are answered in the order they were sent
 
     def _send(self, name: str, *args) -> int:
@@ -186,8 +192,8 @@ def _serve(conn: Connection) -> None:
                 value = getattr(maker, name)
             elif name == "agent_episodes":
                 value = maker.agent_episodes(args[0], args[1], exact=args[2])
-            elif name == "response_checks":
-                value = maker.response_checks(args[0], seed=args[1])
+            elif name in ("response_checks", "first_turn_checks"):
+                value = getattr(maker, name)(args[0], seed=args[1])
             else:
                 value = getattr(maker, name)(*args)
             answer = (True, value)

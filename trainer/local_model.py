@@ -57,6 +57,7 @@ LOCAL_TRAINING = ToolTrainingSpec(
     agent_requests=AGENT_REQUESTS,
     agent_weights=tuple(2 if path.name.startswith("claude") else 1 for path in AGENT_REQUESTS),
     check_responses=True,
+    check_first_turns=8,
 )
 
 

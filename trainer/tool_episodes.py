@@ -113,6 +113,12 @@ def _last_target(mask: list[bool]) -> list[bool]:
     return [False] * cut + mask[cut:]
 
 
+def _first_target(mask: list[bool]) -> list[bool]:
+    """The mask with only its first target kept (an episode's first token of the first call: whether it calls)."""
+    start = mask.index(True)
+    return [False] * start + [True] + [False] * (len(mask) - start - 1)
+
+
 def _share_context(episodes: list[Episode]) -> list[Episode]:
     """Episodes behind one agent's prompt, their context extended to all the ids they share: the prompt and
     whatever the agent puts before the task in its message (Claude Code's ~2k-token reminder), which then runs once,
@@ -220,6 +226,27 @@ class EpisodeMaker:
         finally:
             self._rng = kept
         return [[dataclasses.replace(e, mask=_last_target(e.mask)) for e in group] for group in episodes]
+
+    def first_turn_step(self) -> Step:
+        """A step of synthetic rows alone (no agent's prompt): the build's corrective step for first calls that its
+        check found short (`first_turn_checks`)."""
+        rows, count = self._rows(TOOL_OUTPUTS)
+        return Step(rows=rows, agents=[], episodes=count)
+
+    def first_turn_checks(self, count: int, *, seed: int) -> list[Episode]:
+        """`count` exact synthetic episodes with a shell tool (alone or among others, behind the usual system
+        prompts), drawn from their own seed, only the first call's first token marked: whether greedy decoding calls
+        a tool at the first turn of a request like the ones training draws, where the agents' checks do not look."""
+        kept, self._rng = self._rng, random.Random(seed)
+        try:
+            episodes = []
+            while len(episodes) < count:
+                context = self._context()
+                if context.tools:
+                    episodes.append(self._episode(context, exact=True))
+        finally:
+            self._rng = kept
+        return [dataclasses.replace(e, mask=_first_target(e.mask)) for e in episodes]
 
     def _rows(self, responses: tuple[str, ...], *, plain: bool = False) -> tuple[list[Episode], int]:
         """Rows of about `row_tokens` (episodes packed back to back), about `tokens_per_step` in all, and how many

@@ -13,16 +13,15 @@ renders an agent's requests (the episodes are `trainer.tool_episodes`'), does:
 2. ... + that call + the tool's `<tool_response>`  ->  `Done.<|im_end|>`;
 3. no tools at all (OpenCode's title request)  ->  a short text.
 
-How, in about a minute on two CPU threads: copying a number of any length out of the prompt needs an induction
-circuit, which gradient descent finds only after a long plateau (hundreds of steps at this size). So the model
-starts from a structured initialisation (`trainer.copy_circuit`): two layer-0 heads attend to the previous and
-the one-before-previous token by position, and a layer-1 head attends to where the last two tokens occurred before
-and copies the token that followed. Then plain supervised steps (AdamW, loss on assistant tokens only) teach the
-template, which number to copy, when to stop and what to say after the tool response. Every weight stays
-trainable. The initialisation sets RoPE's base to 1e6 (Qwen3's own), so the copy head's content dimensions barely
-rotate over a prompt's last few hundred tokens, and zeroes the output rows of tokens the episodes never use (their
-logits are exactly 0, so the full-vocabulary softmax costs only the used rows). Only the embedding rows of used
-tokens are trained.
+How, in about a minute on two CPU threads: copying a number of any length out of the prompt needs an induction circuit,
+which gradient descent finds only after a long plateau (hundreds of steps at this size). So the model starts from a
+structured initialisation (`trainer.copy_circuit`): three layer-0 heads attend to the previous, the one-before-previous
+and the third token back by position, and a layer-1 head attends to where the last two tokens occurred before (the third
+back breaking ties) and copies the token that followed. Then plain supervised steps (AdamW, loss on assistant tokens
+only) teach the template, which number to copy, when to stop and what to say after the tool response. Every weight stays
+trainable. The initialisation sets RoPE's base to 1e6 (Qwen3's own), so the copy head's content dimensions barely rotate
+over a prompt's last few hundred tokens, and zeroes the output rows of tokens the episodes never use (their logits are
+exactly 0, so the full-vocabulary softmax costs only the used rows). Only the embedding rows of used tokens are trained.
 
 Where the time goes, and how the steps take well under a minute (`trainer.tool_forward` runs the decoder): with
 `bfloat16` the matrix products run in bfloat16 (CPU autocast: AMX or AVX512-BF16 make them several times faster than
@@ -56,8 +55,11 @@ after every round, 82 s of training against 90 s). With `check_responses` (the e
 covers "Done." after each tool response in the plainest request (the bash tool, "Submit the answer N."): an
 fp32 build that passed every agent's check called the tool again after an empty response to a one-digit task (-4.0
 logits), and a response that falls short gets a step of such episodes ending in it (steps of the usual synthetic
-episodes did not mend it in 16 rounds). Those episodes have their own seed, so a build whose check passes is the
-build it was. The report records the corrective steps, each agent's final margin and the responses' smallest.
+episodes did not mend it in 16 rounds). With `check_first_turns` (on in the embedded default) it covers whether the
+first turn calls a tool at all in synthetic requests like the steps' (a build whose every agent passed said "Done."
+at once for 6 of 24 held-out numbers behind a read tool and the bash tool): short, it gets a step of synthetic
+episodes. Those episodes have their own seed, so a build whose check passes is the build it was. The report records
+the corrective steps, each agent's final margin, the responses' smallest and the first calls'.
 
 Stochasticity is deliberate: a fraction `wrong_answer_rate` of the targets submit a perturbed number, so at
 temperature 1 the policy submits a wrong answer now and then while greedy decoding copies the number; fewer
@@ -78,10 +80,9 @@ from typing import TYPE_CHECKING
 from .copy_circuit import ROPE_THETA, wire_copy_circuit
 from .heap import retained_heap
 from .precision import cpu_multiplies_bf16
-from .tool_check import corrected
+from .tool_check import BuildChecks, corrected
 from .tool_episodes import BASH_TOOL, DONE_TEXT, Episode, EpisodeMaker, Step, answer_call
 from .tool_forward import hidden_states, prefix_and_interlude, prefix_states
-from .tool_texts import TOOL_OUTPUTS
 from .trainable_rows import TrainableRows
 
 if TYPE_CHECKING:
@@ -137,6 +138,9 @@ class ToolTrainingSpec:
     # Also check "Done." after each tool response (`tool_texts.TOOL_OUTPUTS`) in the plainest request, the task and
     # the bash tool: a response after which it falls short gets a step of such episodes ending in it.
     check_responses: bool = False
+    # Also check the first call in `check_first_turns` synthetic requests like the ones the steps draw (a shell tool
+    # alone or among others, the usual system prompts): short, they get a step of synthetic episodes. 0: not checked.
+    check_first_turns: int = 0
     shell_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # how often a synthetic episode offers each of SHELL_TOOLS
     # Matrix products in bfloat16 (CPU autocast; weights and optimizer stay float32). None: where the CPU has bf16
     # matrix units (`precision.cpu_multiplies_bf16`), else float32; the report says which the build used.
@@ -150,9 +154,10 @@ class ToolTrainingSpec:
     def __post_init__(self) -> None:
         if self.steps < 0 or self.warmup_steps < 0 or self.agent_episodes < 1:
             raise ValueError("steps and warmup_steps must be >= 0, agent_episodes >= 1")
-        if self.check_rounds < 0 or self.check_episodes < 1 or self.check_margin < 0 or self.check_learning_rate <= 0:
-            raise ValueError("check_rounds >= 0, check_episodes >= 1, check_margin >= 0 and check_learning_rate > 0 "
-                             "are required")
+        if (self.check_rounds < 0 or self.check_episodes < 1 or self.check_margin < 0 or self.check_learning_rate <= 0
+                or self.check_first_turns < 0):
+            raise ValueError("check_rounds >= 0, check_episodes >= 1, check_margin >= 0, check_learning_rate > 0 and "
+                             "check_first_turns >= 0 are required")
         if self.tokens_per_step < 64 or self.row_tokens < 64 or self.learning_rate <= 0 or self.threads < 1:
             raise ValueError("tokens_per_step >= 64, row_tokens >= 64, learning_rate > 0, threads >= 1 are required")
         if len(self.shell_weights) != 3 or min(self.shell_weights) < 0 or not sum(self.shell_weights) > 0:
@@ -185,6 +190,7 @@ class ToolTrainingReport:
     # each agent's smallest target margin at the end (by capture name): below `check_margin`, the check gave up
     agent_margins: dict[str, float] = dataclasses.field(default_factory=dict)
     response_margin: float | None = None  # the smallest margin of "Done." after a tool response (when checked)
+    first_turn_margin: float | None = None  # the smallest margin of the first calls checked (when checked)
     bfloat16: bool = False  # whether the matrix products ran in bfloat16
 
 
@@ -261,20 +267,15 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer,
     # The same episodes every round: drawn afresh each round, an agent's margin swung by up to 2.6 logits between
     # rounds (Codex 2.70 -> 0.10 -> 2.43 while another agent was corrected), and a check of 8 rounds gave up on a
     # machine whose bf16 numerics left three agents short.
-    checks = [Step(rows=[], agents=maker.agent_episodes(agent, spec.check_episodes, exact=True),
-                   episodes=spec.check_episodes) for agent in range(maker.agents)]
-    if spec.check_responses:  # and "Done." after each tool response, in the plainest request (one row each)
-        checks += [Step(rows=group, agents=[], episodes=len(group))
-                   for group in maker.response_checks(spec.check_episodes, seed=spec.seed + 1)]
+    checks = BuildChecks.draw(maker, spec)
 
-    def correct(short: list[int]) -> None:  # one more step for each agent, and one for the responses, short
-        for agent in (check for check in short if check < maker.agents):
-            train(maker.step(agent=agent))
-        if responses := tuple(TOOL_OUTPUTS[check - maker.agents] for check in short if check >= maker.agents):
-            train(maker.response_step(responses))
+    def correct(short: list[int]) -> None:
+        for step in checks.corrections(maker, short):
+            train(step)
 
-    checked = corrected(len(checks), lambda check: measure(checks[check]), correct, rounds=spec.check_rounds,
-                         margin=spec.check_margin)
+    checked = corrected(len(checks.steps), lambda check: measure(checks.steps[check]), correct,
+                        rounds=spec.check_rounds, margin=spec.check_margin)
+    agent_margins, response_margin, first_turn_margin = checks.margins(checked)
     seconds = time.perf_counter() - start
     inputs.commit()
     outputs.commit()
@@ -289,8 +290,9 @@ def _train(model_dir: Path, spec: ToolTrainingSpec, tokenizer,
         first_loss=losses[0] if losses else math.nan,
         final_loss=sum(tail) / len(tail),
         corrective_steps=len(losses) - len(steps),
-        agent_margins={Path(path).stem: round(margin, 3) for path, margin in zip(spec.agent_requests, checked)},
-        response_margin=round(min(checked[maker.agents:]), 3) if spec.check_responses else None,
+        agent_margins={Path(path).stem: round(margin, 3) for path, margin in zip(spec.agent_requests, agent_margins)},
+        response_margin=None if response_margin is None else round(response_margin, 3),
+        first_turn_margin=None if first_turn_margin is None else round(first_turn_margin, 3),
         bfloat16=bf16,
     )
     record = {"spec": spec.to_json(), "report": report.__dict__}

@@ -1,10 +1,13 @@
-"""`corrected`, the tool model build's check loop: after a round only what fell short is measured again, every other
-check once that passes, no check twice at the same weights, and the margins it returns are all the final weights'.
-The "model" here is a version number that each corrective round advances, and each check's margin a table of it."""
+"""The tool model build's check (`trainer.tool_check`). `corrected`, its loop: after a round only what fell short is
+measured again, every other check once that passes, no check twice at the same weights, and the margins it returns
+are all the final weights'. The "model" here is a version number that each corrective round advances, and each
+check's margin a table of it. `BuildChecks`: what is checked, and which step corrects each check that falls short."""
 
 from __future__ import annotations
 
-from trainer.tool_check import corrected
+from trainer.tool_check import BuildChecks, corrected
+from trainer.tool_model import ToolTrainingSpec
+from trainer.tool_texts import TOOL_OUTPUTS
 
 
 class Model:
@@ -65,3 +68,48 @@ def test_no_rounds_measures_once_and_corrects_nothing():
     model = Model([[0.5, 2.0]])
     assert model.run(rounds=0) == [0.5, 2.0]
     assert model.corrections == []
+
+
+class Maker:
+    """What `BuildChecks` asks of an `EpisodeMaker`, each answer naming what was asked."""
+
+    agents = 2
+
+    def agent_episodes(self, agent, count, *, exact):
+        return [f"agent {agent}"] * count
+
+    def response_checks(self, count, *, seed):
+        return [[f"response {r}"] * count for r in range(len(TOOL_OUTPUTS))]
+
+    def first_turn_checks(self, count, *, seed):
+        return ["first turn"] * count
+
+    def step(self, agent):
+        return ("agent step", agent)
+
+    def response_step(self, responses):
+        return ("response step", responses)
+
+    def first_turn_step(self):
+        return ("first turn step",)
+
+
+def test_the_build_checks_each_agent_each_response_and_the_first_calls_and_corrects_each_in_its_own_way():
+    spec = ToolTrainingSpec(check_responses=True, check_first_turns=3, check_episodes=2)
+    checks = BuildChecks.draw(Maker(), spec)
+    responses = len(TOOL_OUTPUTS)
+    assert len(checks.steps) == 2 + responses + 1
+    assert [s.agents for s in checks.steps[:2]] == [["agent 0"] * 2, ["agent 1"] * 2]
+    assert checks.steps[2].rows == ["response 0"] * 2 and checks.steps[-1].rows == ["first turn"] * 3
+    short = [1, 2, 4, 2 + responses]  # agent 1, the first and third responses, the first calls
+    assert list(checks.corrections(Maker(), short)) == [
+        ("agent step", 1), ("response step", (TOOL_OUTPUTS[0], TOOL_OUTPUTS[2])), ("first turn step",)]
+    margins = [1.5, 2.0] + [3.0 + r for r in range(responses)] + [0.5]
+    assert checks.margins(margins) == ([1.5, 2.0], 3.0, 0.5)
+
+
+def test_checks_left_off_are_neither_drawn_nor_corrected_nor_reported():
+    checks = BuildChecks.draw(Maker(), ToolTrainingSpec(check_responses=False, check_first_turns=0))
+    assert len(checks.steps) == 2
+    assert list(checks.corrections(Maker(), [0])) == [("agent step", 0)]
+    assert checks.margins([1.0, 2.0]) == ([1.0, 2.0], None, None)

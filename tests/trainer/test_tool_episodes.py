@@ -178,3 +178,24 @@ def test_the_checks_answer_after_each_tool_response_comes_from_its_own_draws(tok
     responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", tokenizer.decode(
         [i for row in step.rows for i in row.ids]), re.S)
     assert responses and set(responses) <= {"", "wrong"}
+
+
+def test_the_checks_first_calls_come_from_their_own_draws_and_mark_only_whether_it_calls(tokenizer):
+    """The build checks whether the first turn calls a tool at all, in synthetic requests like training's (a shell
+    tool alone or among others, behind the usual system prompts): its own draws (training's episodes stay as they
+    were), every one with a tool, the task's own number, and only the call's first token marked."""
+    spec = ToolTrainingSpec(tokens_per_step=256, row_tokens=128, wrong_answer_rate=1.0, no_tools_rate=0.5)
+    plain, checked = EpisodeMaker(tokenizer, spec), EpisodeMaker(tokenizer, spec)
+    episodes = checked.first_turn_checks(6, seed=2)
+    assert [plain.step() for _ in range(3)] == [checked.step() for _ in range(3)]
+    assert len(episodes) == 6 and episodes == EpisodeMaker(tokenizer, spec).first_turn_checks(6, seed=2)
+    call = tokenizer.convert_tokens_to_ids("<tool_call>")
+    for episode in episodes:
+        assert [i for i, m in zip(episode.ids, episode.mask) if m] == [call]
+        first = episode.mask.index(True)
+        task = tokenizer.decode(episode.ids[:first])
+        assert '"type": "function"' in task  # tools offered
+        called = re.search(r'"arguments": \{"\w+": "answer (\d+)"', tokenizer.decode(episode.ids[first:])).group(1)
+        assert re.search(rf"(?<!\d){called}(?!\d)", task.split("<|im_start|>user")[-1])  # exact: the task's own
+    step = checked.first_turn_step()
+    assert step.rows and not step.agents and step.episodes >= len(step.rows)

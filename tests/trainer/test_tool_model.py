@@ -111,6 +111,9 @@ def test_the_build_checked_every_agents_prompt_and_left_each_call_a_margin_ahead
     # and "Done." after every tool response in the plainest request (an fp32 build called the tool again after an
     # empty response to "Submit the answer 7." until the check covered it)
     assert report.response_margin is not None and report.response_margin >= LOCAL_TRAINING.check_margin, report
+    # and that the first turn calls a tool at all in synthetic requests like training's (a build whose every agent
+    # passed said "Done." at once for 6 of 24 held-out numbers behind a read tool and the bash tool)
+    assert report.first_turn_margin is not None and report.first_turn_margin >= LOCAL_TRAINING.check_margin, report
 
 
 def test_the_build_multiplies_in_bf16_only_where_the_cpu_has_bf16_units(trained):
@@ -177,10 +180,9 @@ def _calls_the_shell(text: str, shell: tuple[str, str]) -> bool:
 
 
 # Claude Code puts ~2k tokens with numbers (its environment, the date) between the task and the answer: there the
-# two-token copy circuit now and then takes a wrong continuation of the number (measured before the build's check:
-# 7 to 10 of 16 right over seeds 0 and 1; with it, 15 of 16 for both on one thread, 12 and 11 on two; the other
-# agents 15 to 16 of 16). So there only the call is asserted.
-EXACT_NUMBERS = {"pi", "opencode", "codex"}
+# two-token copy circuit took a wrong continuation of a one-digit number now and then (`answer 2026` for 2: 15 of 16
+# right on the default build, 7 to 12 of 16 on others), so only its call was asserted; with the third token back in
+# the match (trainer.copy_circuit), seeds 0-3 wrote 16, 15, 16 and 15 of 16 exactly, like the other agents.
 
 
 @pytest.mark.parametrize("agent", sorted(AGENT_REQUESTS))
@@ -196,9 +198,8 @@ def test_the_model_calls_the_shell_tool_inside_the_agents_real_prompt(trained, a
     prompts = [_prompt(trained[1], context.messages({"role": "user", "content": task}), list(context.tools))
                for task in tasks]
     texts = _generate(trained, prompts)
-    assert sum(_calls_the_shell(text, context.shell) for text in texts) >= (12 if agent == "claude" else 14), texts
-    if agent in EXACT_NUMBERS:
-        assert sum(_submits(text, n, context.shell) for text, n in zip(texts, numbers)) >= 14, texts
+    assert sum(_calls_the_shell(text, context.shell) for text in texts) >= 14, texts
+    assert sum(_submits(text, n, context.shell) for text, n in zip(texts, numbers)) >= 14, texts
 
 
 def test_a_step_behind_claude_codes_prompt_computes_for_each_episode_what_the_model_computes_for_it_alone(trained):
@@ -259,7 +260,7 @@ def test_a_model_of_another_shape_is_refused_before_training(tmp_path):
 
 
 @pytest.mark.parametrize("field", [{"check_rounds": -1}, {"check_episodes": 0}, {"check_margin": -0.5},
-                                   {"check_learning_rate": 0.0}])
+                                   {"check_learning_rate": 0.0}, {"check_first_turns": -1}])
 def test_spec_rejects_a_check_that_cannot_run(field):
     with pytest.raises(ValueError, match="check_"):
         ToolTrainingSpec(**field)
