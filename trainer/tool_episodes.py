@@ -114,7 +114,7 @@ def _last_target(mask: list[bool]) -> list[bool]:
 
 
 def _first_target(mask: list[bool]) -> list[bool]:
-    """The mask with only its first target kept (an episode's first token of the first call: whether it calls)."""
+    """The mask with only its first target token kept (the first call's `<tool_call>`: whether the turn calls)."""
     start = mask.index(True)
     return [False] * start + [True] + [False] * (len(mask) - start - 1)
 

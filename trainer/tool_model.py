@@ -190,7 +190,7 @@ class ToolTrainingReport:
     # each agent's smallest target margin at the end (by capture name): below `check_margin`, the check gave up
     agent_margins: dict[str, float] = dataclasses.field(default_factory=dict)
     response_margin: float | None = None  # the smallest margin of "Done." after a tool response (when checked)
-    first_turn_margin: float | None = None  # the smallest margin of the first calls checked (when checked)
+    first_turn_margin: float | None = None  # the smallest lead of `<tool_call>` at the first turns (when checked)
     bfloat16: bool = False  # whether the matrix products ran in bfloat16
 
 
