@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .tiny_model import TinyModelSpec, VocabShape, tiny_tokenizer, vocab_shape
 
 if TYPE_CHECKING:
-    from .tool_episodes import Episode, Step
+    from .tool_steps import Episode, Step
     from .tool_model import ToolTrainingSpec
 
 __all__ = ["EpisodeProcess", "EpisodeWorkerGone"]

@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .tool_episodes import Step
+from .tool_steps import Step
 from .tool_texts import TOOL_OUTPUTS
 
 if TYPE_CHECKING:

@@ -17,12 +17,12 @@ import json
 import os
 import random
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from interceptor.chunk_ids import ChunkIds, cut_after
 
 from .agent_contexts import SHELL_TOOLS, Context, load_agent_request
+from .tool_steps import Episode, Step, first_target, last_target
 from .tool_texts import (
     AFTER_SYSTEMS, DISTRACTIONS, FILLER_WORDS, OTHER_TOOLS, SHELL_MENTION_RATE, SHELL_MENTIONS, SHELL_WORDS,
     SHORT_SYSTEMS, TASK_PREFIXES, TASKS, TOOL_OUTPUTS,
@@ -31,7 +31,7 @@ from .tool_texts import (
 if TYPE_CHECKING:
     from .tool_model import ToolTrainingSpec
 
-__all__ = ["BASH_TOOL", "DONE_TEXT", "TITLE_TEXT", "EpisodeMaker", "Episode", "Step", "answer_call", "shell_tool"]
+__all__ = ["BASH_TOOL", "DONE_TEXT", "TITLE_TEXT", "EpisodeMaker", "answer_call", "shell_tool"]
 
 DONE_TEXT = "Done."
 TITLE_TEXT = "Submit the answer"  # what a request without tools (OpenCode's title request) gets
@@ -81,42 +81,10 @@ _OWN_AFTER_TASK = 8
 _REMEMBERED_TURN_CHARS = 2048  # turns this long recur (Claude Code's environment after the task): encoded once
 
 
-@dataclass(frozen=True)
-class Episode:
-    ids: list[int]
-    mask: list[bool]  # True on the tokens the model is taught to write
-    context: int = 0  # leading ids that are context only, run without gradient (an agent's long prompt)
-    # ids [start, end) that the step's episodes share between their own task and their first target (Claude Code's
-    # ~2k-token environment after the task): run once for the step, without gradient; (0, 0) when there are none
-    shared_after: tuple[int, int] = (0, 0)
-
-
-@dataclass(frozen=True)
-class Step:
-    rows: list[Episode]  # synthetic episodes packed back to back, one per row
-    agents: list[Episode]  # episodes behind one agent's real prompt (the same context ids), or none
-    episodes: int
-
-    def all(self) -> list[Episode]:
-        return self.rows + self.agents
-
-
 def _function_tool(name: str, description: str, parameters: tuple[str, ...]) -> dict:
     properties = {p: {"type": "string"} for p in parameters}
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "type": "object", "properties": properties, "required": list(parameters)}}}
-
-
-def _last_target(mask: list[bool]) -> list[bool]:
-    """The mask with only its last run of targets kept (an episode's answer after the tool response)."""
-    cut = len(mask) - mask[::-1].index(False)
-    return [False] * cut + mask[cut:]
-
-
-def _first_target(mask: list[bool]) -> list[bool]:
-    """The mask with only its first target token kept (the first call's `<tool_call>`: whether the turn calls)."""
-    start = mask.index(True)
-    return [False] * start + [True] + [False] * (len(mask) - start - 1)
 
 
 def _share_context(episodes: list[Episode]) -> list[Episode]:
@@ -225,7 +193,7 @@ class EpisodeMaker:
                         for response in TOOL_OUTPUTS]
         finally:
             self._rng = kept
-        return [[dataclasses.replace(e, mask=_last_target(e.mask)) for e in group] for group in episodes]
+        return [[dataclasses.replace(e, mask=last_target(e.mask)) for e in group] for group in episodes]
 
     def first_turn_step(self) -> Step:
         """A step of synthetic rows alone (no agent's prompt): the build's corrective step for first calls that its
@@ -246,7 +214,7 @@ class EpisodeMaker:
                     episodes.append(self._episode(context, exact=True))
         finally:
             self._rng = kept
-        return [dataclasses.replace(e, mask=_first_target(e.mask)) for e in episodes]
+        return [dataclasses.replace(e, mask=first_target(e.mask)) for e in episodes]
 
     def _rows(self, responses: tuple[str, ...], *, plain: bool = False) -> tuple[list[Episode], int]:
         """Rows of about `row_tokens` (episodes packed back to back), about `tokens_per_step` in all, and how many

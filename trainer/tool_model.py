@@ -81,8 +81,9 @@ from .copy_circuit import ROPE_THETA, wire_copy_circuit
 from .heap import retained_heap
 from .precision import cpu_multiplies_bf16
 from .tool_check import BuildChecks, corrected
-from .tool_episodes import BASH_TOOL, DONE_TEXT, Episode, EpisodeMaker, Step, answer_call
+from .tool_episodes import BASH_TOOL, DONE_TEXT, EpisodeMaker, answer_call
 from .tool_forward import hidden_states, prefix_and_interlude, prefix_states
+from .tool_steps import Episode, Step
 from .trainable_rows import TrainableRows
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ from trainer.local_model import LOCAL_TRAINING
 from trainer.precision import cpu_multiplies_bf16
 from trainer.tiny_model import TinyModelSpec, make_tiny_model
 from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
-from trainer.tool_episodes import EpisodeMaker, Step, shell_tool
+from trainer.tool_episodes import EpisodeMaker, shell_tool
+from trainer.tool_steps import Step
 from trainer.tool_model import (
     BASH_TOOL, DONE_TEXT, ToolTrainingReport, ToolTrainingSpec, _target_logits, tool_model_spec, train_tool_calling,
 )
