@@ -3,11 +3,12 @@ measure each check's margin, correct what falls short, measure again, for a boun
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .tool_steps import Step
+from .tool_steps import Episode, Step
 from .tool_texts import TOOL_OUTPUTS
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class BuildChecks:
 
     @classmethod
     def draw(cls, maker: EpisodeMaker, spec: ToolTrainingSpec) -> BuildChecks:
-        steps = [Step(rows=[], agents=maker.agent_episodes(agent, spec.check_episodes, exact=True),
+        steps = [Step(rows=[], agents=_whole(maker.agent_episodes(agent, spec.check_episodes, exact=True)),
                       episodes=spec.check_episodes) for agent in range(maker.agents)]
         groups = maker.response_checks(spec.check_episodes, seed=spec.seed + 1) if spec.check_responses else []
         steps += [Step(rows=group, agents=[], episodes=len(group)) for group in groups]  # one row each
@@ -57,6 +58,15 @@ class BuildChecks:
         responses = checked[self.agents:self.agents + self.responses]
         return (checked[:self.agents], min(responses) if responses else None,
                 checked[-1] if self.first_turns else None)
+
+
+def _whole(episodes: list[Episode]) -> list[Episode]:
+    """Check episodes that run all their own text: none shares the text after its task (Claude Code's environment),
+    which a training step runs once, after the first episode's task. That saves a step most of the environment's
+    cost, but each other episode's states there are an approximation whose error depends on the weights (on a build
+    whose products ran in bf16, one number's end was 3.8 logits off); the check decides whether the build is done,
+    so it measures each episode exactly, for a few thousand tokens more per agent (no gradient)."""
+    return [dataclasses.replace(episode, shared_after=(0, 0)) for episode in episodes]
 
 
 def corrected(count: int, measure: Callable[[int], float], correct: Callable[[list[int]], None], *, rounds: int,

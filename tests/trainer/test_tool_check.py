@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from trainer.tool_check import BuildChecks, corrected
 from trainer.tool_model import ToolTrainingSpec
+from trainer.tool_steps import Episode
 from trainer.tool_texts import TOOL_OUTPUTS
 
 
@@ -75,8 +76,8 @@ class Maker:
 
     agents = 2
 
-    def agent_episodes(self, agent, count, *, exact):
-        return [f"agent {agent}"] * count
+    def agent_episodes(self, agent, count, *, exact):  # sharing text after the task, as Claude Code's episodes do
+        return [Episode(ids=[agent, 0, 0], mask=[False, False, True], shared_after=(1, 2))] * count
 
     def response_checks(self, count, *, seed):
         return [[f"response {r}"] * count for r in range(len(TOOL_OUTPUTS))]
@@ -94,12 +95,16 @@ class Maker:
         return ("first turn step",)
 
 
+def whole(agent: int) -> Episode:
+    return Episode(ids=[agent, 0, 0], mask=[False, False, True])
+
+
 def test_the_build_checks_each_agent_each_response_and_the_first_calls_and_corrects_each_in_its_own_way():
     spec = ToolTrainingSpec(check_responses=True, check_first_turns=3, check_episodes=2)
     checks = BuildChecks.draw(Maker(), spec)
     responses = len(TOOL_OUTPUTS)
     assert len(checks.steps) == 2 + responses + 1
-    assert [s.agents for s in checks.steps[:2]] == [["agent 0"] * 2, ["agent 1"] * 2]
+    assert [s.agents for s in checks.steps[:2]] == [[whole(0)] * 2, [whole(1)] * 2]  # each run whole, none shared
     assert checks.steps[2].rows == ["response 0"] * 2 and checks.steps[-1].rows == ["first turn"] * 3
     short = [1, 2, 4, 2 + responses]  # agent 1, the first and third responses, the first calls
     assert list(checks.corrections(Maker(), short)) == [
