@@ -46,7 +46,8 @@ The steps alone leave each agent's call a few logits ahead of the next best name
 against its environment's "Shell: bash", Pi's `bash` against its "Bash command", Codex's `cmd` against `command`),
 and which agent fell behind changed with the machine's bfloat16 numerics (the same recipe wrote `bash` for Claude Code
 in 16 of 16 prompts on one machine and `Bash` on another). So the build checks itself: episodes behind each
-agent's prompt, teacher-forced in float32 as the model is served, must have every target token but the digits lead
+agent's prompt, teacher-forced in float32 as the model is served and each run whole (no text shared after its task:
+`tool_check._whole`), must have every target token but the digits lead
 the next best by `check_margin`; an agent that falls short gets one more step behind its prompt, for up to
 `check_rounds` rounds. The check's episodes are drawn once, so a round's margins differ from the last round's by
 what the steps changed, not by which episodes were drawn. After a round only what fell short is measured again, and
