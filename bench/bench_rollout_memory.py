@@ -91,7 +91,7 @@ async def measure(model: str, tokens: int, rollouts: int = 1) -> dict:
             after = held()
             idle = [server.registry.get(handle.id) for handle in handles]
             recorded = sum(rollout.trajectory.recorded_tokens() for rollout in idle)
-            storage = sum(len(b.ids_json) + 4 * len(b.sampled_logprobs)
+            storage = sum(sum(map(sys.getsizeof, b.parts)) + 8 * len(b.parts) + 4 * len(b.sampled_logprobs)
                           for rollout in idle for b in rollout.trajectory._branches)
             caches = sum(48 * len(s.prefixes) + 24 for rollout in idle for c in rollout.body_caches.values()
                          for s in c._states)

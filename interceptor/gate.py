@@ -99,7 +99,7 @@ async def run_turn(
         version = policy.version
         generation = await policy.upstream.complete(
             model=policy.upstream_model,
-            prompt_json=plan.prompt_json,
+            prompt=plan.prompt,
             sampling=sampling,
             vocab_size=policy.renderer.vocab_size,
             top_logprobs=request.top_logprobs,
@@ -130,7 +130,7 @@ async def _plan(policy: Policy, rollout: Rollout, request: ChatRequest, *, heavy
     for a large request). The trajectory changes only under the rollout's lock."""
     trajectory = rollout.trajectory
     async with rollout.lock:
-        plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key)
+        plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key, request.carried)
         if request.request_kind not in (None, "turn"):
             rollout.note("side_request", request_kind=request.request_kind, extended=plan is not None)
             reason = f"{request.request_kind} request" + (f" ({reason})" if reason else "")
@@ -211,9 +211,9 @@ def _record(
     parsed = parse_output(text, tools=request.tools, calls_allowed=bool(request.tools) and request.tool_choice != "none")
     message = assistant_message(parsed, [new_tool_call_id() for _ in parsed.calls])
     finish_reason = finish_reason_for(message, generation.finish_reason)
-    known = len(plan.branch.messages)  # messages the branch already covered, before this turn is committed
+    known = plan.branch.covered  # messages the branch already covered, before this turn is committed
     if known:  # the agent's copy of the branch's last answer is in this request: keep that one only
-        rollout.hold_echo_once(plan.branch.messages[-1], request.messages[known - 1])
+        rollout.hold_echo_once(plan.branch.answer, request.messages[known - 1])
     delta = rollout.trajectory.commit(
         plan,
         generation,

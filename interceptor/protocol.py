@@ -17,7 +17,7 @@ Messages are normalised once, here, into the plain dicts a chat template expects
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -59,6 +59,10 @@ class ChatRequest:
     # Where each element of the body's history ends in `messages`, for a dialect whose elements each become
     # several messages (Messages: a user turn of tool results); lets the next body's request reuse them
     history_ends: tuple[int, ...] = ()
+    # (an earlier request's `messages` list, n): this request's first n messages are that list's first n, the very
+    # same objects (its body repeated that one's history byte for byte). The list itself, not its id: an id names
+    # another list once this one is freed.
+    carried: tuple[list[dict] | None, int] = field(default=(None, 0), compare=False, repr=False)
 
 
 # Fields that change nothing about the answer: accepted as they come.
@@ -145,7 +149,7 @@ def continue_chat_request(previous: ChatRequest, body: dict, reused: int) -> Cha
     byte those of the body `previous` was parsed from (`body_cache.py`): only the new messages are read."""
     messages = body["messages"]
     added = [_normalize_message(m, i) for i, m in enumerate(messages[reused:], start=reused)]
-    return replace(previous, messages=previous.messages[:reused] + added)
+    return replace(previous, messages=previous.messages[:reused] + added, carried=(previous.messages, reused))
 
 
 def _refuse_what_the_policy_cannot_honour(body: dict) -> None:

@@ -32,7 +32,7 @@ import orjson
 
 from .branch_record import BranchRecord, build_samples
 from .errors import BadRequest
-from .ids_json import IdsJson
+from .ids_json import IdsJson, PromptJson
 from .protocol import normalize_messages, tools_key
 from .records import Generation, SampleRecord, TurnRecord
 from .rendering import Renderer
@@ -44,7 +44,10 @@ _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(TurnRecord))
 
 @dataclass(eq=False)
 class _Branch(BranchRecord):
-    messages: list[dict] = field(default_factory=list)  # the conversation covered, through its last assistant turn
+    # The conversation covered: the messages of its last turn's request (the caller's list, kept as it is: never
+    # changed, by anyone) and the assistant message this server answered them with.
+    asked: list[dict] = field(default_factory=list)
+    answer: dict | None = None
     system: dict | None = None
     tools_key: bytes = b""
     origin: tuple[int, int] | None = None  # (branch number, length) this branch was copied from
@@ -53,18 +56,38 @@ class _Branch(BranchRecord):
     journaled: bool = False  # its first commit (which says where it came from) has been handed out
     closing: tuple[dict, int] | None = None  # its last message, normalised, and `Renderer.closing_turns` of it
 
+    @property
+    def covered(self) -> int:
+        """How many messages the branch covers (0 before its first turn)."""
+        return len(self.asked) + 1 if self.answer is not None else 0
+
+    @property
+    def messages(self) -> list[dict]:
+        """The conversation covered, through its last assistant turn."""
+        return [*self.asked, self.answer] if self.answer is not None else []
+
+    def continued_by(self, messages: list[dict], carried: tuple[list[dict] | None, int]) -> bool:
+        """Whether `messages` start with the conversation this branch covers. When they carry the very objects of
+        its last request (`ChatRequest.carried` names the list it holds, `asked`), only its answer is compared:
+        O(1) in the history."""
+        asked = self.asked
+        if carried[0] is not asked or carried[1] < len(asked):
+            return _same_history(self.messages, messages)
+        echo, answer = messages[len(asked)], self.answer
+        return echo == answer or message_key(echo) == message_key(answer)
+
     def copy(self, number: int, reason: str) -> _Branch:
         return _Branch(
             number=number,
             tools_digest=self.tools_digest,
             system_digest=self.system_digest,
             fork_reason=reason,
-            ids_json=self.ids_json,
+            parts=list(self.parts),
             length=self.length,
             sampled_logprobs=array("f", self.sampled_logprobs),
             turns=list(self.turns),
-            turn_json_ends=list(self.turn_json_ends),
-            messages=list(self.messages),
+            asked=self.asked,
+            answer=self.answer,
             system=self.system,
             tools_key=self.tools_key,
             origin=(self.number, self.length),
@@ -82,15 +105,22 @@ class TurnPlan:
     """A reserved turn: the full prompt to send upstream and where its result goes."""
 
     branch: _Branch
-    prompt_json: bytes  # the whole sequence the policy will condition on, as a JSON array of ids
-    prompt_len: int  # how many ids that is
-    new_prompt: IdsJson  # the part of it not yet recorded (mask 0)
+    prompt: PromptJson  # the whole sequence the policy will condition on (its ids as JSON, joined when sent)
     request_messages: list[dict]
     forked: bool
 
     @property
+    def prompt_len(self) -> int:
+        return self.prompt.count
+
+    @property
+    def new_prompt(self) -> IdsJson:
+        """The part of the prompt not yet recorded (mask 0)."""
+        return self.prompt.new
+
+    @property
     def prompt_ids(self) -> list[int]:
-        return orjson.loads(self.prompt_json)
+        return orjson.loads(self.prompt.json)
 
 
 def message_key(message: dict) -> tuple:
@@ -137,25 +167,28 @@ class Trajectory:
         self._created += 1
         return self._created
 
-    def plan(self, messages: list[dict], tools: list[dict] | None, tkey: bytes | None = None) -> TurnPlan:
+    def plan(self, messages: list[dict], tools: list[dict] | None, tkey: bytes | None = None,
+             carried: tuple[list[dict] | None, int] = (None, 0)) -> TurnPlan:
         """Reserve the next turn for these messages: extend the branch they continue, or fork. `tkey` is
-        `tools_key(tools)` when the caller has it already."""
+        `tools_key(tools)` when the caller has it already; `carried` is `ChatRequest.carried`. The trajectory
+        keeps `messages` as they are: the caller does not change the list afterwards."""
         tkey = tools_key(tools) if tkey is None else tkey
-        plan, reason = self.extend(messages, tools, tkey)
+        plan, reason = self.extend(messages, tools, tkey, carried)
         if plan is not None:
             return plan
         return self.fork(messages, tkey, self._renderer.render_full_json(messages, tools), reason=reason)
 
-    def extend(self, messages: list[dict], tools: list[dict] | None, tkey: bytes) -> tuple[TurnPlan | None, str | None]:
+    def extend(self, messages: list[dict], tools: list[dict] | None, tkey: bytes,
+               carried: tuple[list[dict] | None, int] = (None, 0)) -> tuple[TurnPlan | None, str | None]:
         """Reserve the next turn on the branch these messages continue (rendering only the new messages), or
         (None, why not) when none does: then the caller renders the whole conversation and calls `fork`."""
         system = messages[0] if messages[0]["role"] == "system" else None
         reason = None
         for branch in reversed(self._branches):
-            n = len(branch.messages)
+            n = branch.covered
             if not branch.turns or branch.tools_key != tkey or len(messages) <= n:
                 continue
-            if not _same_history(branch.messages, messages):
+            if not branch.continued_by(messages, carried):
                 continue
             if any(m["role"] == "assistant" for m in messages[n:]):
                 reason = "the new messages hold an assistant turn this server did not generate"
@@ -183,9 +216,7 @@ class Trajectory:
             new = IdsJson.of(suffix)
             return TurnPlan(
                 branch=branch,
-                prompt_json=branch.prompt_json(new),
-                prompt_len=branch.length + new.count,
-                new_prompt=new,
+                prompt=branch.prompt(new),
                 request_messages=messages,
                 forked=forked,
             ), None
@@ -206,9 +237,7 @@ class Trajectory:
         self._branches.append(branch)
         return TurnPlan(
             branch=branch,
-            prompt_json=prompt.json,
-            prompt_len=prompt.count,
-            new_prompt=prompt,
+            prompt=PromptJson.fresh(prompt),
             request_messages=messages,
             forked=True,
         )
@@ -236,8 +265,8 @@ class Trajectory:
             "finish_reason": finish_reason, "malformed_tool_call": malformed, "model": generation.model,
             "policy_version": policy_version, "seconds": round(generation.seconds, 6),
         })
-        # Keep the agent's own copies: next turn it sends the same dicts again, which compare at C speed.
-        branch.messages = [*plan.request_messages, returned]
+        # The agent's own list, not a copy: its next request carries the same objects (`ChatRequest.carried`).
+        branch.asked, branch.answer = plan.request_messages, returned
         branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
         branch.busy = False
         delta = {"b": branch.number, "p": orjson.Fragment(plan.new_prompt.json), "t": generation.token_ids,
@@ -252,10 +281,10 @@ class Trajectory:
         renders through the branch's last assistant message. The next `extend` uses it when the agent sends that
         message back unchanged; otherwise it renders it itself, as without this. `tools`: those of the turn just
         committed on it (the branch's tools)."""
-        if branch.busy or not branch.messages or self._renderer.writes_suffixes:
+        if branch.busy or branch.answer is None or self._renderer.writes_suffixes:
             return  # a turn on it already started, or the suffix is written without the template (no count needed)
         try:  # as the agent's copy will read once normalised (an answer's `"content": null` comes back as "")
-            last = normalize_messages([branch.messages[-1]])[0]
+            last = normalize_messages([branch.answer])[0]
             turns = self._renderer.closing_turns(system=branch.system, last_assistant=last, tools=tools)
         except BadRequest:
             return  # the template rejects it: the next turn's own render says so to its client

@@ -36,6 +36,7 @@ import orjson
 from .config import UpstreamConfig
 from .errors import ContextLengthExceeded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from .http1 import Http1Pool, HttpError, lean_client_serves
+from .ids_json import PromptJson
 from .records import Generation
 
 __all__ = ["AttemptBudget", "RETRYABLE_STATUSES", "UpstreamClient", "parse_generation", "redact_url"]
@@ -218,11 +219,11 @@ class UpstreamClient:
             raise _Retryable(f"answered {resp.status}: {text[:_ERROR_TEXT_KEPT]}")
         return resp
 
-    async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget, prompt_json: bytes | None = None) -> object:
-        """POST `payload` (with `prompt_json`, when given, as its `prompt`: bytes already serialised)."""
+    async def _post_json(self, path: str, payload: dict, *, budget: AttemptBudget, prompt: PromptJson | None = None) -> object:
+        """POST `payload` (with `prompt`, when given, as its `prompt`: ids already serialised, joined here once)."""
         data = orjson.dumps(payload)
-        if prompt_json is not None:
-            data = b'{"prompt":' + prompt_json + (b"," + data[1:] if len(data) > 2 else b"}")
+        if prompt is not None:
+            data = prompt.body(b'{"prompt":', b"," + data[1:] if len(data) > 2 else b"}")
         raw = await self._fetch("POST", path, data, budget=budget)
         try:
             return orjson.loads(raw)
@@ -245,13 +246,13 @@ class UpstreamClient:
         self,
         *,
         model: str,
-        prompt_json: bytes,
+        prompt: PromptJson,
         sampling: Sampling,
         vocab_size: int,
         top_logprobs: int = 0,
         budget: AttemptBudget | None = None,
     ) -> Generation:
-        """Generate after the prompt `prompt_json` (token ids, already serialised as a JSON array)."""
+        """Generate after `prompt` (token ids, already serialised as JSON)."""
         payload = {
             "model": model,
             "return_token_ids": True,
@@ -261,7 +262,7 @@ class UpstreamClient:
         budget = budget or self.new_budget()
         while True:
             started = time.perf_counter()
-            body = await self._post_json("/v1/completions", payload, budget=budget, prompt_json=prompt_json)
+            body = await self._post_json("/v1/completions", payload, budget=budget, prompt=prompt)
             try:
                 return parse_generation(
                     body, model=model, vocab_size=vocab_size, top_logprobs=top_logprobs,

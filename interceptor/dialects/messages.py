@@ -241,7 +241,7 @@ def _continued(previous: ChatRequest, reused: int, body: dict) -> ChatRequest:
     converted, ends = convert_messages(body["messages"][reused:], start=reused, offset=kept)
     messages = previous.messages[:kept] + converted
     return replace(previous, messages=messages, history_ends=previous.history_ends[:reused] + ends,
-                   request_kind=_request_kind(messages))  # fmt: skip
+                   request_kind=_request_kind(messages), carried=(previous.messages, kept))  # fmt: skip
 
 
 def _request_kind(messages: list[dict]) -> str | None:

@@ -163,7 +163,8 @@ def _continued(previous: ChatRequest, reused: int, body: dict) -> ChatRequest | 
         return None
     kept = ends[resume - 1]
     converted, new_ends = convert_items(body["input"][resume:], start=resume, offset=kept)
-    return replace(previous, messages=previous.messages[:kept] + converted, history_ends=ends[:resume] + new_ends)
+    return replace(previous, messages=previous.messages[:kept] + converted, history_ends=ends[:resume] + new_ends,
+                   carried=(previous.messages, kept))
 
 
 def _response(response_id: str, chat: ChatRequest, model: str, *, output: list[dict],

@@ -88,6 +88,29 @@ def test_an_incremental_read_is_the_request_a_whole_parse_gives(dialect, bodies,
     assert reused_some
 
 
+@pytest.mark.parametrize("dialect, bodies", [(CHAT, chat_bodies()), (MESSAGES, messages_bodies()),
+                                             (RESPONSES, responses_bodies())], ids=["chat", "messages", "responses"])
+def test_an_incremental_read_says_which_earlier_messages_it_carries_and_they_are_those_very_objects(dialect, bodies):
+    """The trajectory trusts `carried` instead of comparing the history: it must name the earlier request's list,
+    and that many of this request's messages must be its objects."""
+    cache = BodyCache(dialect.history_key)
+    previous = None
+    carried_some = False
+    for body in bodies:
+        parsed, chat = _parse(dialect, cache, orjson.dumps(body), False)
+        cache.keep(parsed, chat)
+        carried, count = chat.carried
+        if count:
+            assert previous is not None and carried is previous.messages
+            assert count <= len(previous.messages) and count <= len(chat.messages)
+            assert all(a is b for a, b in zip(chat.messages[:count], previous.messages[:count]))
+            carried_some = True
+        else:
+            assert chat.carried == (None, 0)
+        previous = chat
+    assert carried_some
+
+
 def test_messages_elements_are_reused_up_to_the_block_whose_cache_control_moved():
     cache = BodyCache("messages")
     first, second = messages_bodies()[1:3]
