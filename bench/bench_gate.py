@@ -29,6 +29,8 @@ robin, turn by turn (the order rotating each round), so machine noise hits them 
 - first turn: fresh rollouts whose first request carries ~32k tokens, sent one after the other in windows of
   FIRST_TURNS_PER_WINDOW, while `--steady-rollouts` rollouts (~1k history, 5-15 ms of "tool time" between turns) run;
   the big turns' latency, and the steady turns' p50/p99 while they ran vs the second before (and how many turns).
+  `direct` runs it too, every request straight to the fake upstream: its p99 ratio is what the big requests do to
+  the steady ones on this machine with no proxy between (the load generator and the upstream handle them too).
 The fake upstream answers at once: these figures measure the proxies, not a model. All processes share the machine's
 cores (2 here), so a busy proxy also slows the load generator: compare ratios within a run, not across machines.
 """
@@ -315,7 +317,6 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
     model = ensure_model(args.model)
     with start_targets(set(args.targets.split(",")), model=model, logs=logs, peers_python=PEERS_PYTHON,
                        litellm_python=LITELLM_PYTHON) as (upstream, targets), contextlib.ExitStack() as sharded:
-        proxies = [t for t in targets if t.name != "direct"]
         scaling = start_sharded_gates(sharded, upstream, model, logs, args.gate_workers)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                          timeout=aiohttp.ClientTimeout(total=300)) as http:
@@ -327,7 +328,7 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
                                                              args.slices))
                   for n in args.rollouts),
                 (f"first_turn_{args.first_tokens // 1000}k",
-                 lambda: first_turn(http, proxies, args)),
+                 lambda: first_turn(http, targets, args)),
             ]
             for name, step in steps:
                 if name.rsplit("_", 1)[0] not in args.steps:
