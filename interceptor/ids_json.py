@@ -53,9 +53,8 @@ class PromptJson:
 
     def body(self, head: bytes = b"", tail: bytes = b"") -> bytes:
         """`head`, the prompt as a JSON array, then `tail`: one copy of every byte."""
-        parts = self.recorded[: self.through]
-        comma = b"," if parts and self.new.count else b""
-        return b"".join((head, b"[", *parts, comma, self.new.inner(), b"]", tail))
+        comma = b"," if self.new.count and self.count > self.new.count else b""  # ids on both sides of it
+        return b"".join((head, b"[", *self.recorded[: self.through], comma, self.new.inner(), b"]", tail))
 
     @property
     def json(self) -> bytes:

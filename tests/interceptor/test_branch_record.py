@@ -43,6 +43,12 @@ def test_a_turn_with_nothing_new_and_nothing_sampled_keeps_every_part_in_step_wi
     assert branch.copy_through(3, number=2, fork_reason="x").ids() == [1, 2, 3]
 
 
+def test_a_prompt_after_turns_that_recorded_no_ids_has_no_comma_before_its_first():
+    branch = branch_with([([], []), ([], [])])
+    prompt = branch.prompt(IdsJson.of([5, 6]))
+    assert orjson.loads(prompt.json) == [5, 6] and prompt.count == 2
+
+
 def test_a_branch_copied_through_a_turn_holds_the_ids_up_to_it_and_not_the_parents_later_turns():
     parent = branch_with([([1, 2], [3]), ([4], [5, 6])])
     child = parent.copy_through(3, number=2, fork_reason="edited")
