@@ -29,8 +29,7 @@ robin, turn by turn (the order rotating each round), so machine noise hits them 
 - first turn: fresh rollouts whose first request carries ~32k tokens, sent one after the other in windows of
   FIRST_TURNS_PER_WINDOW, while `--steady-rollouts` rollouts (~1k history, 5-15 ms of "tool time" between turns) run;
   the big turns' latency, and the steady turns' p50/p99 while they ran vs the second before (and how many turns).
-  `direct` runs it too, every request straight to the fake upstream: its p99 ratio is what the big requests do to
-  the steady ones on this machine with no proxy between (the load generator and the upstream handle them too).
+  `direct` runs it too (no proxy between): its p99 ratio is what the big requests alone do to the steady ones.
 The fake upstream answers at once: these figures measure the proxies, not a model. All processes share the machine's
 cores (2 here), so a busy proxy also slows the load generator: compare ratios within a run, not across machines.
 """
