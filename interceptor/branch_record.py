@@ -39,11 +39,6 @@ class BranchRecord:
     sampled_logprobs: array = field(default_factory=lambda: array("f"))  # one per sampled id, in order
     turns: list[TurnRecord] = field(default_factory=list)
 
-    @property
-    def ids_json(self) -> bytes:
-        """Every id, as the inside of a JSON array (b"1,2,3,4,5")."""
-        return b"".join(self.parts)
-
     def prompt(self, suffix: IdsJson) -> PromptJson:
         """The recorded ids followed by `suffix`, nothing copied."""
         return PromptJson(self.parts, len(self.parts), suffix, self.length + suffix.count)
@@ -75,7 +70,7 @@ class BranchRecord:
         )
 
     def ids(self) -> list[int]:
-        return orjson.loads(b"[" + self.ids_json + b"]")
+        return orjson.loads(b"".join([b"[", *self.parts, b"]"]))  # one copy of the parts, then parsed
 
 
 def build_samples(branches: list[BranchRecord]) -> list[SampleRecord]:
