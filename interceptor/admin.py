@@ -23,6 +23,7 @@ from .config import SamplingSettings
 from .errors import BadRequest, ConfigError, NotFound, Unauthorized, json_response
 from .protocol import ensure_serialisable, parse_json_body
 from .records import Failure
+from .request_body import read_body
 
 if TYPE_CHECKING:
     from .server import InterceptionServer
@@ -48,7 +49,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
 
     async def open_rollout(request: web.Request) -> web.Response:
         authorize(request)
-        raw = await request.read()
+        raw = await read_body(request, limit=server.config.max_body_bytes)
         body = parse_json_body(raw) if raw.strip() else {}
         unknown = set(body) - {"sampling", "metadata"}
         if unknown:
@@ -96,7 +97,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
 
     async def finish_rollout(request: web.Request) -> web.Response:
         authorize(request)
-        raw = await request.read()
+        raw = await read_body(request, limit=server.config.max_body_bytes)
         body = parse_json_body(raw) if raw.strip() else {}
         unknown = set(body) - {"status", "failure", "reward", "accept_upstream_failures"}
         if unknown:

@@ -27,6 +27,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "Unauthorized",
+    "UnsupportedMediaType",
     "UpstreamError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
@@ -91,6 +92,14 @@ class PayloadTooLarge(ApiError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedMediaType(ApiError):
+    """A request body in a content coding the server does not undo (brotli, zstd, a name it does not know)."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
 
 
 class UpstreamError(ApiError):
@@ -167,7 +176,7 @@ def errors_middleware_for(shape: ErrorShape = openai_error):
             return await handler(request)
         except ApiError as exc:
             return respond(request, exc)
-        except RequestPayloadError as exc:  # a body that cannot be read: bad chunking, a content-encoding that fails
+        except RequestPayloadError as exc:  # a body that cannot be read: bad chunking, a connection cut short
             return respond(request, BadRequest(f"the request body could not be read: {exc}"[:500]))
         except web.HTTPRequestEntityTooLarge as exc:
             return respond(request, PayloadTooLarge(f"request body too large: {exc.text}"))

@@ -17,6 +17,7 @@ from aiohttp import web
 from .dialects.messages import MESSAGES
 from .errors import BadRequest, NotFound, json_response
 from .protocol import ensure_serialisable, parse_json_body
+from .request_body import read_body
 
 if TYPE_CHECKING:
     from .server import InterceptionServer
@@ -30,7 +31,7 @@ def add_rollout_routes(app: web.Application, server: InterceptionServer) -> None
         server.authorize(request, dialect=MESSAGES)
         if server.policy is None:
             raise BadRequest("count_tokens needs the policy's tokenizer: it is answered in interception_gate mode")
-        chat = MESSAGES.parse_for_count(parse_json_body(await request.read()))
+        chat = MESSAGES.parse_for_count(parse_json_body(await read_body(request, limit=server.config.max_body_bytes)))
         # as JSON, made and dropped chunk by chunk in the thread: no list of every id comes back to the loop to free
         ids = await asyncio.to_thread(server.policy.renderer.render_full_json, chat.messages, chat.tools)
         return json_response({"input_tokens": ids.count})
@@ -48,7 +49,7 @@ def add_rollout_routes(app: web.Application, server: InterceptionServer) -> None
         host_tool = server.host_tools.get(name)
         if host_tool is None:
             raise NotFound(f"no host tool {name!r}; this rollout has {sorted(server.host_tools)}")
-        raw = await request.read()
+        raw = await read_body(request, limit=server.config.max_body_bytes)
         body = parse_json_body(raw) if raw.strip() else {}
         ensure_serialisable(body, "body")  # it is recorded: nothing that parses may make the record unwritable
         rollout.note("tool_call", tool=name)

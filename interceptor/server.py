@@ -149,9 +149,12 @@ class InterceptionServer:
         add_rollout_routes(app, self)
         for number, (prefix, mounted) in enumerate(self._mounts):  # the first one is the page at /
             mount_under(app, prefix, mounted, root=number == 0)
-        # handler_cancellation=False: a turn whose agent hung up still finishes and is recorded (a retry replays it)
+        # handler_cancellation=False: a turn whose agent hung up still finishes and is recorded (a retry replays it).
+        # auto_decompress=False: handlers undo a body's Content-Encoding themselves (`request_body.py`), so a bad one
+        # is an error in the client's shape, not a failure inside aiohttp's parser that drops the connection.
         runner = web.AppRunner(
-            app, access_log=None, handler_cancellation=False, shutdown_timeout=self.config.shutdown_grace_s
+            app, access_log=None, handler_cancellation=False, shutdown_timeout=self.config.shutdown_grace_s,
+            auto_decompress=False,
         )
         await runner.setup()
         # Shutdown, in this order: stop taking requests (in-flight ones get the grace), then write every rollout

@@ -31,6 +31,7 @@ from .lane import LaneReply, LaneRequest, LaneStream
 from .protocol import ChatRequest, ensure_serialisable
 from .relay import relay_turn
 from .relay_dialects import relay_shape_for
+from .request_body import read_body
 from .rollouts import Rollout, TurnResult
 from .streaming import SSE_HEADERS, EventWriter, open_aiohttp_stream, stream_turn
 
@@ -56,7 +57,7 @@ class Turns:
         server = self._server
         rollout = server.authorize(request, dialect=dialect)
         with self._in_flight(rollout, dialect):
-            raw = await request.read()
+            raw = await read_body(request, limit=server.config.max_body_bytes)
             if server.policy is None:
                 return await self._relay(request, rollout, dialect, raw)
             answer = await self._gate(request, rollout, dialect, raw, functools.partial(open_aiohttp_stream, request))
@@ -81,7 +82,8 @@ class Turns:
         """A gate turn, answered as `_turn` answers it: in one piece, or as events."""
         rollout = self._server.authorize(request, dialect=dialect)
         with self._in_flight(rollout, dialect):
-            answer = await self._gate(request, rollout, dialect, request.body,
+            raw = await read_body(request, limit=self._server.config.max_body_bytes)
+            answer = await self._gate(request, rollout, dialect, raw,
                                       functools.partial(request.open_stream, 200, SSE_HEADERS))
         if not isinstance(answer, _Reply):
             return answer

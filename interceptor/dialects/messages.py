@@ -163,7 +163,7 @@ class MessagesDialect:
 
 _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    409: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
+    409: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error", 429: "rate_limit_error",
 }
 
 
