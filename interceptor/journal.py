@@ -10,7 +10,10 @@ every rollout with a line in it has finished; a new one starts past `segment_byt
 `recover_journal(R)` reads the segments left by a server that did not shut down cleanly and rebuilds every
 rollout that was opened and not finished as a record with status `interrupted`: its completed turns' samples
 exactly as recorded, its trace and answer, and no reward. A torn last line (the write in flight at the crash) is
-skipped. The server writes those records to `R` at start-up and then removes the old segments.
+skipped. A rollout whose record is already in `R` is left out: a kill between the record's fsync and its `finish`
+line leaves it unfinished here but finished there, and each rollout is written once. The server writes those
+records to `R` at start-up and then removes the old segments. Only the server that holds `R`'s lock
+(`record_lock.py`) reads or writes its journal.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import orjson
 
 from .branch_record import BranchRecord, build_samples
 from .ids_json import IdsJson
+from .recorder import recorded_ids
 from .records import Failure, RolloutRecord, TurnRecord
 from .trace_log import Spot
 
@@ -236,7 +240,8 @@ def _lines(path: Path) -> Iterator[dict]:
 
 
 def recover_journal(record_path: Path) -> list[RolloutRecord]:
-    """Records (status `interrupted`) for every rollout the journal shows opened and not finished."""
+    """Records (status `interrupted`) for every rollout the journal shows opened and not finished, and the record
+    file does not hold."""
     live: dict[str, _Recovered] = {}
     for segment in journal_segments(record_path):
         for event in _lines(segment):
@@ -255,5 +260,18 @@ def recover_journal(record_path: Path) -> list[RolloutRecord]:
                         rollout.answer = event["answer"]
                 except (KeyError, TypeError, IndexError, ValueError) as exc:
                     log.warning("journal event of rollout %s not understood: %r", rollout_id, exc)
+    _drop_recorded(live, Path(record_path))
     reason = "the server stopped before the rollout finished; its completed turns were recovered from the journal"
     return [rollout.to_record(reason) for rollout in live.values()]
+
+
+def _drop_recorded(live: dict[str, _Recovered], record_path: Path) -> None:
+    """Leave out the rollouts whose record reached the record file before their `finish` line reached the journal."""
+    if not live or not record_path.is_file():
+        return
+    recorded = live.keys() & recorded_ids(record_path)
+    for rollout_id in recorded:
+        del live[rollout_id]
+    if recorded:
+        log.warning("%d rollouts unfinished in the journal are already in %s (killed before their finish line); "
+                    "not written again", len(recorded), record_path)

@@ -16,8 +16,9 @@ and the JSON routes itself, and hands every other connection to aiohttp (`config
 all). Errors are answered in the client's shape in one place (`errors.error_answer`, for the middleware and the
 lane); input never causes a 500. The server owns "no reward after a fault": a rollout whose last chat call failed
 upstream is finished `failed` (cause `upstream`) whatever the driver asks, unless the driver says why it accepts it
-(`accept_upstream_failures`). With a record file, every
-committed turn is journaled: a crash or a shutdown leaves the live rollouts as `interrupted` records.
+(`accept_upstream_failures`). With a record file, every committed turn is journaled: a crash or a shutdown leaves
+the live rollouts as `interrupted` records, each rollout written once. The server holds the record file alone: a
+second server on it is refused at start (`record_lock.py`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .gate import Policy
 from .lane import Lane, LaneRequest
 from .lane_routes import LaneRoutes, from_aiohttp
 from .journal import Journal, journal_segments, recover_journal
+from .record_lock import hold_record_file
 from .records import Failure, RolloutRecord, RolloutStatus
 from .recorder import Recorder
 from .rendering import Renderer, RendererConfig
@@ -188,8 +190,11 @@ class InterceptionServer:
         return routes
 
     async def _open_records(self, path) -> None:
-        """Open the record file (a torn last line is set aside), write the rollouts a crashed server left in its
-        journal as `interrupted`, and start a new journal."""
+        """Take the record file (one server per file, `record_lock.py`), open it (a torn last line is set aside),
+        write the rollouts a crashed server left in its journal as `interrupted` (those not already in the file),
+        and start a new journal."""
+        # First, before the file or the journal is touched; released last, once shutdown's records are written.
+        self._stack.callback(hold_record_file(path).release)
         self._recorder = await asyncio.to_thread(Recorder, path)
         old_segments = journal_segments(path)
         if old_segments:
