@@ -37,6 +37,10 @@ class BridgedSandbox(LocalSandbox):
             await bridges.aclose()
         await super().__aexit__(*exc_info)
 
+    def _refused(self) -> int:
+        """Connections this sandbox's bridges have turned away so far (past their cap)."""
+        return self._bridges.refused() if self._bridges is not None else 0
+
     def _endpoint(self, launch: AgentLaunch) -> tuple[str, int] | None:
         """The endpoint forwarded into the sandbox for this launch; None: no bridge (no network, or an open one)."""
         if self.network == "open":

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .errors import AgentConfigError
 
-__all__ = ["Cgroup", "ResourceLimits", "cgroups_unavailable"]
+__all__ = ["DEFAULT_LIMITS", "Cgroup", "ResourceLimits", "cgroups_unavailable"]
 
 _ROOT = Path("/sys/fs/cgroup")
 _PARENT = "interceptor"  # our groups live under this one in each hierarchy
@@ -48,6 +48,12 @@ class ResourceLimits:
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.cpus, self.memory_bytes, self.pids))
+
+
+# Every run's limits unless the caller sets its own: room for an agent (Node ~200 MB, a test suite, a compiler) and
+# its threads (pids counts threads: a Node or Bun process starts a dozen), not for a fork bomb or a runaway
+# allocation that takes the host (and every other rollout) down. CPU is shared, not capped, by default.
+DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 * 2**30, pids=1024)
 
 
 def _v2() -> bool:
@@ -111,6 +117,20 @@ class Cgroup:
         procs = " ".join(f"'{d / 'cgroup.procs'}'" for d in self.directories)
         script = f'for f in {procs}; do echo $$ > "$f" || exit 125; done; exec "$@"'
         return ["/bin/sh", "-c", script, "sh", *argv]
+
+    def events(self) -> dict[str, int]:
+        """How often the run ran into each limit: "memory" (processes killed for memory) and "pids" (forks refused).
+        Read before `remove`."""
+        counts = {"memory": 0, "pids": 0}
+        for directory in self.directories:
+            for file, key, name in (("memory.events", "oom_kill", "memory"), ("memory.oom_control", "oom_kill", "memory"),
+                                    ("pids.events", "max", "pids")):
+                with contextlib.suppress(OSError, ValueError):
+                    for line in (directory / file).read_text().splitlines():
+                        field, _, value = line.partition(" ")
+                        if field == key:
+                            counts[name] += int(value)
+        return {name: count for name, count in counts.items() if count}
 
     def remove(self) -> None:
         """Remove the group once its processes are gone (they are: the run's tree has ended)."""

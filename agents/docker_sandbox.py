@@ -14,7 +14,8 @@ For tasks that come with an image (SWE-Gym ships one per instance). Each `run` (
   `python` (3.11 or later: it uses `asyncio.TaskGroup`); an image without one runs with `endpoint` unset (no network
   at all), or gets one through `mounts` and `python=`;
 - the host user's uid:gid, all capabilities dropped, `no-new-privileges`, `--init` (tini as PID 1 reaps orphans;
-  when the agent exits, the container and every process left in it end), optional CPU/memory/pids limits;
+  when the agent exits, the container and every process left in it end), memory and pids limits (by default
+  `agents.cgroups.DEFAULT_LIMITS`; `limits=ContainerLimits()` for none);
 - the environment passed as `-e KEY` with the value in the docker client's environment, so no value (the secret
   included) is in an argv; PATH is `bin_dir` then the image's own PATH (a launch that sets PATH keeps its own).
 
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Self
 
 from . import netbridge, proctree
-from .cgroups import ResourceLimits
+from .cgroups import DEFAULT_LIMITS, ResourceLimits
 from .errors import AgentConfigError
 from .namespace_sandbox import SandboxUnavailable
 from .bridged import BridgedSandbox
@@ -135,7 +136,9 @@ class DockerSandbox(BridgedSandbox):
         for path in (*self.mounts, Path(netbridge.__file__)):
             _check_mountable(path)
         self.python = python
-        self.container_limits = limits or ContainerLimits()
+        # None: the same default limits as the namespace backend's (the daemon always can set them);
+        # ContainerLimits(): none.
+        self.container_limits = DEFAULT_LIMITS if limits is None else limits
         self.docker = docker
         self._image_env: dict[str, str] = {}
         # What a warm spare's container mounts besides `mounts` (e.g. the agent's and the graders' programs): a
@@ -186,12 +189,15 @@ class DockerSandbox(BridgedSandbox):
         return {**self._image_env, **env}
 
     @contextlib.asynccontextmanager
-    async def _hold(self, launch: AgentLaunch) -> AsyncIterator[_Container]:
+    async def _hold(self, launch: AgentLaunch, hits: dict[str, int]) -> AsyncIterator[_Container]:
         port, socket = await self._bridge(launch)
         container = _Container(name=f"interceptor-{secrets.token_hex(8)}", port=port, socket=socket)
+        refused = self._refused()
         try:
             yield container
         finally:
+            if refused_now := self._refused() - refused:
+                hits["connections"] = refused_now
             # Shielded: a cancelled run still removes its container (the removal goes on if we are cancelled again).
             await asyncio.shield(self._remove(container.name))
 

@@ -6,10 +6,16 @@
 What the agent (and every tool command it runs) gets, per rollout, from `bwrap`:
 - its own user, mount, PID, IPC, UTS, cgroup and network namespaces, all capabilities dropped, a new session (no
   terminal to inject into), and `--die-with-parent`;
-- the host file system read-only (`/` bound read-only), a fresh `/proc` (it sees only its own processes), a minimal
-  `/dev`, an empty `/tmp`; the sandboxes' parent directory (a dedicated one, `$TMPDIR/interceptor-sandboxes` by
-  default) is an empty tmpfs, with only this rollout's own directory (workspace, home, bin, tmp) bound back
-  writable at the same path, so the launch's paths stay valid and no other rollout's files are visible;
+- an allow-list of the host's file system, read-only, on an empty root: the system's programs and libraries (`/usr`
+  and its `/bin`, `/sbin`, `/lib*` links), the few files of `/etc` that programs read to run (`_ETC`: users, name
+  resolution, certificates, time zone, the dynamic linker's cache; not `shadow`, `ssh`, `sudoers`, ...), this
+  interpreter's installation, the two scripts the sandbox runs from (`agents/netbridge.py`, `agents/proctree.py`,
+  each bound alone), and what the launch runs from (`AgentLaunch.host_paths`: the agent's install, its interpreter).
+  Nothing else of the host is there: no `/run` or `/var/run` (no host Unix socket: the Docker daemon's, D-Bus), no
+  home directory, no project checkout, no task file, no record, journal or token file of any server;
+- a fresh `/proc` (it sees only its own processes), a minimal `/dev`, an empty `/tmp` and `/var/tmp` (tmpfs, so
+  charged to the run's memory limit), and this rollout's own directory (workspace, home, bin, tmp) writable at the
+  same path, so the launch's paths stay valid and no other rollout's files are visible;
 - loopback only: the model endpoint's port on 127.0.0.1 is forwarded to the host's interception server through a
   Unix socket in the rollout's directory (`agents.netbridge`); every other port, the host's included, is closed.
   The endpoint is `endpoint=(host, port)`, or else taken from the launch's `OPENAI_BASE_URL`; without either the
@@ -26,9 +32,14 @@ SIGTERM ends bwrap at once, so a timed-out agent gets no grace period here: its 
 
 `warm()` starts the next run's bwrap, bridge and shim ahead, waiting for the launch (`LocalSandbox.warm`).
 
-Limits: on a host where the trainer runs as root, the sandbox's user maps to root, so the agent can *read* every
-root-readable file of the host file system it sees (nothing of other rollouts: those are not mounted); run as an
-unprivileged user to narrow that.
+A warm spare is started before its launch is known: it binds the allow-list plus `warm_paths` (the programs the
+runner's agents ran from so far); a launch that needs a host path outside them starts cold (`_fits`).
+
+Limits: every run gets `DEFAULT_LIMITS` (memory, processes) in a cgroup of its own where this machine lets us make
+one, unless `resources` says otherwise (`ResourceLimits()` for none); the rollout directory's size is watched by the
+supervisor (`RunLimits.disk_bytes`); the host half of the bridge caps the connections a box holds open to its endpoint
+and forwards only `/rollout/...` requests (`agents.netbridge`), so `/metrics`, `/health` and the admin routes are not
+reachable from inside.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -46,7 +59,7 @@ from pathlib import Path
 from typing import Self
 
 from . import netbridge, proctree
-from .cgroups import Cgroup, ResourceLimits, cgroups_unavailable
+from .cgroups import DEFAULT_LIMITS, Cgroup, ResourceLimits, cgroups_unavailable
 from .errors import AgentConfigError, AgentError
 from .bridged import BridgedSandbox
 from .sandbox import LocalSandboxConfig
@@ -54,7 +67,8 @@ from .spec import AgentLaunch
 
 __all__ = ["NamespaceSandbox", "SandboxUnavailable", "namespaces_unavailable"]
 
-_BRIDGE = Path(netbridge.__file__)
+_BRIDGE = Path(netbridge.__file__).resolve()
+log = logging.getLogger("agents.namespace_sandbox")
 _PROBE_S = 10.0
 
 
@@ -96,16 +110,16 @@ class NamespaceSandbox(BridgedSandbox):
         hidden: tuple[Path, ...] = (),
         network: str = "model",
         resources: ResourceLimits | None = None,
+        warm_paths: tuple[Path, ...] = (),
     ) -> None:
-        """`hidden`: host directories the agent must not see (the server's record and journal directory: other
-        rollouts' trajectories), each replaced by an empty tmpfs unless it holds something the sandbox needs.
-        `network`: "model" (loopback and the model endpoint only) or "open" (the host's network: a task that
-        says so, e.g. one whose set-up installs packages). `resources`: memory, pids and CPU limits of each run (a
-        cgroup of its own, `agents.cgroups`); a machine that cannot set them refuses them, never drops them."""
-        if resources is not None and resources.any and (why := cgroups_unavailable()) is not None:
-            raise AgentConfigError(f"resource limits cannot be set here: {why}")
-        self.resources = resources if resources is not None and resources.any else None
-        self._cgroup: Cgroup | None = None
+        """`hidden`: host directories the agent must not see even where one lies inside an allowed path (a record
+        directory inside the interpreter's tree), each replaced by an empty tmpfs. `network`: "model" (loopback and
+        the model endpoint only) or "open" (the host's network: a task that says so, e.g. one whose set-up installs
+        packages). `resources`: memory, pids and CPU limits of each run (a cgroup of its own, `agents.cgroups`);
+        None: `DEFAULT_LIMITS` where this machine can set them; `ResourceLimits()`: none. Limits asked for
+        explicitly that this machine cannot set are refused, never dropped. `warm_paths`: host paths a warm spare
+        binds besides the allow-list (the programs agents run from), so that their launches start warm."""
+        self.resources = _resources(resources)
         config = config or LocalSandboxConfig()
         parent = (config.parent_dir or default_parent_dir()).resolve()
         for needed in (Path(sys.executable).resolve(), _BRIDGE.resolve(), Path(proctree.__file__).resolve()):
@@ -113,7 +127,8 @@ class NamespaceSandbox(BridgedSandbox):
                 raise AgentConfigError(f"parent_dir {parent} would hide {needed} from the sandbox: use a dedicated one")
         super().__init__(dataclasses.replace(config, parent_dir=parent), endpoint=endpoint, network=network)
         self.bwrap = bwrap
-        needed = _needed_paths()
+        self.warm_paths = tuple(Path(p).resolve() for p in warm_paths)
+        needed = _runs_from()
         self.hidden = tuple(
             h for h in (Path(p).resolve() for p in hidden) if not any(n.is_relative_to(h) for n in needed)
         )
@@ -132,14 +147,40 @@ class NamespaceSandbox(BridgedSandbox):
         return {**env, "PWD": str(launch.cwd)}  # what bwrap --chdir sets for a cold run
 
     @contextlib.asynccontextmanager
-    async def _hold(self, launch: AgentLaunch) -> AsyncIterator[_Held]:
+    async def _hold(self, launch: AgentLaunch, hits: dict[str, int]) -> AsyncIterator[_Held]:
         port, socket = await self._bridge(launch)
         cgroup = await asyncio.to_thread(Cgroup.create, self.resources) if self.resources is not None else None
+        refused = self._refused()
         try:
             yield _Held(port=port, socket=socket, cgroup=cgroup)
         finally:
+            if refused_now := self._refused() - refused:
+                hits["connections"] = refused_now
             if cgroup is not None:
+                hits.update(await asyncio.to_thread(cgroup.events))
                 await asyncio.to_thread(cgroup.remove)
+
+    def _template(self) -> AgentLaunch:
+        return AgentLaunch(argv=("(warm)",), env={}, cwd=self.workspace, host_paths=self.warm_paths)
+
+    def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
+        """A spare's namespace has its binds already: a launch needing other host paths starts cold."""
+        if not super()._fits(launch, made_for):
+            return False
+        bound = self._binds(made_for)
+        return all(any(p.is_relative_to(b) for b in bound) or p.is_relative_to(self.root)
+                   for p in (Path(q).resolve() for q in launch.host_paths) if p.exists())
+
+    def _binds(self, launch: AgentLaunch) -> list[Path]:
+        """The host paths bound read-only for `launch`, parents before children, none inside another or inside the
+        rollout's directory (bound writable already)."""
+        wanted = {*_system_paths(), *_runs_from(), *(Path(p).resolve() for p in launch.host_paths)}
+        kept: list[Path] = []
+        for path in sorted(wanted, key=lambda p: (len(p.parts), str(p))):
+            if (os.path.lexists(path) and not path.is_relative_to(self.root)
+                    and not any(path.is_relative_to(k) for k in kept)):
+                kept.append(path)
+        return kept
 
     def _wrap(
         self, launch: AgentLaunch, argv: list[str], env: dict[str, str], held: object
@@ -147,6 +188,7 @@ class NamespaceSandbox(BridgedSandbox):
         assert isinstance(held, _Held)
         parent = self.config.parent_dir
         assert parent is not None
+        binds = self._binds(launch)
         command = [
             shutil.which(self.bwrap) or self.bwrap,
             "--unshare-all",  # user, mount, pid, ipc, uts, cgroup and network ...
@@ -156,13 +198,18 @@ class NamespaceSandbox(BridgedSandbox):
             "--die-with-parent",
             "--new-session",
             "--hostname", "sandbox",
-            "--ro-bind", "/", "/",
+            # An empty root with the allow-list bound read-only: no `--ro-bind / /`, which left every host Unix socket
+            # connectable (a read-only mount does not stop connect()) and every host file readable.
+            *[arg for path in binds for arg in _bind_args(path)],
+            *[arg for link, target in _root_links() for arg in ("--symlink", target, link)],
             "--proc", "/proc",
             "--dev", "/dev",
             "--tmpfs", "/tmp",
-            # ... but what the sandbox runs from, when it lives under /tmp (a clone, a venv), read-only again
-            *[arg for path in _needed_paths() if path.is_relative_to("/tmp") for arg in ("--ro-bind", str(path), str(path))],
-            *[arg for path in self.hidden for arg in ("--tmpfs", str(path))],  # e.g. other rollouts' records
+            "--tmpfs", "/var/tmp",
+            # what the sandbox runs from, when it lives under /tmp (a clone, a venv), read-only again
+            *[arg for path in binds if path.is_relative_to("/tmp") for arg in _bind_args(path)],
+            *[arg for path in self.hidden if any(path.is_relative_to(b) for b in binds)
+              for arg in ("--tmpfs", str(path))],  # e.g. a record directory inside an allowed tree
             "--tmpfs", str(parent),  # every rollout's directory hidden (a no-op twice over when under /tmp) ...
             "--bind", str(self.root), str(self.root),  # ... but this one's, writable at the same path
             "--chdir", str(launch.cwd),
@@ -183,9 +230,66 @@ class _Held:
     cgroup: Cgroup | None
 
 
+# The system's programs and libraries: bound whole. Top-level links to them (a merged /usr's /bin -> usr/bin) are
+# made as links (`_root_links`).
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What programs read from /etc to run, and nothing more: users and groups (names for ids), name resolution,
+# certificates, time zone, the dynamic linker's cache, shells' and git's system settings, Debian's alternatives
+# links (`python3`, `awk`, `editor` resolve through them). Not shadow files, ssh keys, sudoers, package manager
+# credentials or anything a service keeps there.
+_ETC = (
+    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version", "environment",
+    "gai.conf", "gitconfig", "group", "host.conf", "hostname", "hosts", "inputrc", "ld.so.cache", "ld.so.conf",
+    "ld.so.conf.d", "locale.alias", "localtime", "magic", "magic.mime", "mime.types", "networks", "nsswitch.conf",
+    "os-release", "passwd", "pki", "profile", "protocols", "python3", "resolv.conf", "services", "shells", "ssl",
+    "terminfo", "timezone",
+)  # fmt: skip
+
+
 @functools.cache
-def _needed_paths() -> tuple[Path, ...]:
-    """Host paths the sandbox runs from: this interpreter and its base, and the project (the process-tree shim and
-    the network bridge are run from it)."""
-    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parent.parent}
+def _root_links() -> tuple[tuple[str, str], ...]:
+    """(link, target) for each of `_SYSTEM_DIRS` that is a symbolic link on the host."""
+    return tuple((d, os.readlink(d)) for d in _SYSTEM_DIRS if os.path.islink(d))
+
+
+@functools.cache
+def _system_paths() -> tuple[Path, ...]:
+    """The system part of the allow-list, as it exists on this host."""
+    dirs = [Path(d) for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    etc = [Path("/etc", name) for name in _ETC if os.path.lexists(Path("/etc", name))]
+    return (*dirs, *etc)
+
+
+def _bind_args(path: Path) -> tuple[str, ...]:
+    """A read-only bind of `path` at the same place; a symbolic link (in /etc: localtime, os-release) stays a link,
+    so that it resolves inside as on the host."""
+    if path.is_symlink():
+        return ("--symlink", os.readlink(path), str(path))
+    return ("--ro-bind", str(path), str(path))
+
+
+@functools.cache
+def _runs_from() -> tuple[Path, ...]:
+    """Host paths the sandbox itself runs from: this interpreter's installation (and its base), and the two scripts
+    it starts inside (the process-tree shim and the network bridge), each alone: not the project around them."""
+    candidates = {Path(sys.prefix), Path(sys.base_prefix), _BRIDGE, Path(proctree.__file__)}
     return tuple(sorted(p.resolve() for p in candidates if p.exists()))
+
+
+def _resources(asked: ResourceLimits | None) -> ResourceLimits | None:
+    """The limits each run gets: those asked for (refused when this machine cannot set them), or by default
+    `DEFAULT_LIMITS` where it can (said once where it cannot)."""
+    if asked is None:
+        why = cgroups_unavailable()
+        if why is None:
+            return DEFAULT_LIMITS
+        _warn_unlimited(why)
+        return None
+    if asked.any and (why := cgroups_unavailable()) is not None:
+        raise AgentConfigError(f"resource limits cannot be set here: {why}")
+    return asked if asked.any else None
+
+
+@functools.cache
+def _warn_unlimited(why: str) -> None:
+    log.warning("sandboxes run without their default memory and process limits: %s", why)

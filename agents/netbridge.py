@@ -12,6 +12,14 @@ bind-mounted Unix socket, and execs the agent. The agent's unchanged base URL `h
 every other port on its loopback is closed, and the host's are in another namespace. The forwarder is a child of
 what it execs (the sandbox's subreaper), so it ends with the agent's tree.
 
+The host half is the guard, since everything inside is the agent's: it forwards HTTP/1.1 requests whose target is
+a rollout's route (`/rollout/<id>/...`) and nothing else, so `/metrics`, `/health`, the admin routes and mounted
+pages of the server are not reachable from a box (a request for one gets a 404 in the OpenAI error shape on a
+connection's first request, and the connection closed). It reads each request's framing (Content-Length or chunked,
+never both) to find the next request on a kept-alive connection; bodies pass through as they come. And it holds at
+most `max_connections` open to the endpoint for its box: past that a connection gets a 503 and is closed, and is
+counted (`refused`), so one rollout cannot take the server's file descriptors.
+
 Stdlib only: this file also runs as a plain script, without the package on sys.path.
 """
 
@@ -20,7 +28,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
+import re
 import socket
 import sys
 from urllib.parse import urlsplit, urlunsplit
@@ -31,20 +41,30 @@ __all__ = ["BridgeSet", "UnixBridge", "endpoint_of", "host_target", "main", "on_
 _CHUNK = 64 * 1024
 _CONNECT_S = 10.0  # to the endpoint; a connection the server does not take by then is dropped (the agent retries)
 _BACKLOG = 128  # a group of rollouts' agents can open many connections at once
+# One box's open connections to its endpoint. An agent keeps a few (OpenCode's title request beside its turn, parallel
+# sub-agents); one rollout that opened 7,000 took the server to its file-descriptor limit.
+MAX_CONNECTIONS = 64
+_ANSWER_GRACE_S = 2.0  # for the answers to forwarded requests, once a connection's next request is refused
+_HEAD_LIMIT = 64 * 1024  # a request head's bytes (aiohttp's own limit is 8 KiB a line)
+_ROLLOUT_TARGET = re.compile(rb"/rollout/[A-Za-z0-9_-]+/[A-Za-z0-9_./~-]*(\?[^#\s]*)?")
 
 
 class UnixBridge:
     """Host half: every connection to the Unix socket at `path` (mode 0600) is forwarded to `endpoint`."""
 
-    def __init__(self, path: Path, *, endpoint: tuple[str, int]) -> None:
+    def __init__(self, path: Path, *, endpoint: tuple[str, int], max_connections: int = MAX_CONNECTIONS) -> None:
         self.path = path
         self.endpoint = endpoint
+        self.max_connections = max_connections
+        self.refused = 0  # connections turned away for being past `max_connections`
+        self.rejected = 0  # requests for a route that is not a rollout's
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> UnixBridge:
         self.path.unlink(missing_ok=True)
-        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path), backlog=_BACKLOG)
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path), backlog=_BACKLOG,
+                                                       limit=_HEAD_LIMIT)
         os.chmod(self.path, 0o600)
         return self
 
@@ -62,17 +82,66 @@ class UnixBridge:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= self.max_connections:
+            self.refused += 1
+            writer.write(_error(503, "Service Unavailable", f"this sandbox holds its {self.max_connections} "
+                                "connections to the model endpoint already"))
+            writer.close()
+            return
         self._connections.add(task)
         try:
+            first = await _read_head(reader)
+            if first is None:
+                return
+            if not _allowed(first):
+                self.rejected += 1
+                writer.write(_error(404, "Not Found", "only the rollout's own routes are reachable from a sandbox"))
+                return
             try:
                 async with asyncio.timeout(_CONNECT_S):
                     upstream = await asyncio.open_connection(*self.endpoint)
             except OSError:  # TimeoutError included: the agent sees a closed connection, as from a down server
                 return
-            await _splice((reader, writer), upstream)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._requests(first, reader, upstream[1]))
+                    group.create_task(_copy(upstream[0], writer))
+            finally:
+                upstream[1].close()
         finally:
             self._connections.discard(task)
             writer.close()
+
+    async def _requests(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Forward requests, `head` first, while each one is for a rollout's route; the first that is not ends the
+        connection (in the middle of a kept-alive one, a response cannot be slipped in: it is closed)."""
+        try:
+            while True:
+                framing = _framing(head)
+                if framing is None:
+                    self.rejected += 1
+                    break
+                writer.write(head)
+                await _copy_body(reader, writer, framing)
+                await writer.drain()
+                next_head = await _read_head(reader)
+                if next_head is None:
+                    if writer.can_write_eof():
+                        writer.write_eof()  # the half-close passed on: the client may wait for the reply
+                    return
+                if not _allowed(next_head):
+                    self.rejected += 1
+                    break
+                head = next_head
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass
+        # Nothing more goes to the server; what it answers to the requests already forwarded still comes back, for a
+        # moment, then the connection is closed whatever it still holds.
+        with contextlib.suppress(OSError):
+            if writer.can_write_eof():
+                writer.write_eof()
+        await asyncio.sleep(_ANSWER_GRACE_S)
+        writer.close()
 
 
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -99,6 +168,87 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
+async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
+    """The next request's head, through its blank line; None at a clean end of the connection (or a head that is
+    cut off or too long: the connection is not worth keeping)."""
+    try:
+        return await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        return None
+
+
+def _allowed(head: bytes) -> bool:
+    """A request for a rollout's route: an origin-form target under /rollout/<id>/, with no dot segment or escaped
+    separator that a server could resolve to another route."""
+    line = head.split(b"\r\n", 1)[0]
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return False
+    target = parts[1]
+    if _ROLLOUT_TARGET.fullmatch(target) is None:
+        return False
+    path = target.split(b"?", 1)[0]
+    return b"/./" not in path + b"/" and b"/../" not in path + b"/" and b"//" not in path
+
+
+def _framing(head: bytes) -> int | str | None:
+    """How the request's body is framed: its length, "chunked", or None when it cannot be told safely (both
+    headers, several lengths, an encoding other than chunked)."""
+    lengths: set[bytes] = set()
+    chunked = False
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        name, value = name.strip().lower(), value.strip()
+        if name == b"content-length":
+            lengths.add(value)
+        elif name == b"transfer-encoding":
+            if value.lower() != b"chunked":
+                return None
+            chunked = True
+    if chunked:
+        return None if lengths else "chunked"
+    if not lengths:
+        return 0
+    if len(lengths) > 1 or not lengths.copy().pop().isdigit():
+        return None
+    return int(lengths.pop())
+
+
+async def _copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framing: int | str) -> None:
+    if framing == "chunked":
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            writer.write(size_line)
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+            if size == 0:  # the trailers, through their blank line
+                while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+                    writer.write(line)
+                writer.write(line)
+                return
+            await _copy_exactly(reader, writer, size + 2)  # the chunk and its CRLF
+    else:
+        assert isinstance(framing, int)
+        await _copy_exactly(reader, writer, framing)
+
+
+async def _copy_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: int) -> None:
+    while count:
+        data = await reader.read(min(count, _CHUNK))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", count)
+        writer.write(data)
+        await writer.drain()
+        count -= len(data)
+
+
+def _error(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": None}}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n").encode() + body
+
+
 class BridgeSet:
     """One sandbox's host halves, one per endpoint, each opened on first use and kept until `aclose` (its runs, and
     a warm spare started during a run, share them). Sockets are `directory/model-N.sock`."""
@@ -114,6 +264,10 @@ class BridgeSet:
             await bridge.__aenter__()
             self._open[endpoint] = bridge
         return bridge.path
+
+    def refused(self) -> int:
+        """Connections turned away so far, over this sandbox's bridges (past their `max_connections`)."""
+        return sum(bridge.refused for bridge in self._open.values())
 
     async def aclose(self) -> None:
         bridges, self._open = list(self._open.values()), {}

@@ -17,7 +17,7 @@ user, no isolation: a warning says so). Used as `async with Runner(...) as runne
 its agent starts at once; a runner used without `async with` makes each sandbox when it is needed.
 
 A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
-installed), `sandbox` (set-up failed), `upstream` (its last chat call failed upstream), `grader` (the grader could
+installed), `sandbox` (set-up failed), `limit` (ended for going past a limit of its sandbox: disk), `upstream` (its last chat call failed upstream), `grader` (the grader could
 not decide), `cancelled`. Only `ok` rollouts carry a reward: an infrastructure fault never turns into one.
 Cancelling (Ctrl-C) stops the agents and still writes every record.
 """
@@ -117,11 +117,12 @@ class Runner:
         self.config = config
         self._slots = asyncio.Semaphore(config.concurrency)
         self._on_finished = on_finished
-        self._default_sandbox = config.sandbox or _default_sandbox(server, config.resources)
+        self._agent_paths: tuple[Path, ...] = ()  # what the agent's launches ran from (a warm sandbox binds it)
+        self._default_sandbox = config.sandbox or _default_sandbox(
+            server, config.resources, warm_paths=lambda: (*self._agent_paths, *_GRADER_PATHS))
         # One circuit per backend: the default one, and each task image's (a broken image pauses only its tasks)
         self._breakers: dict[str | None, CircuitBreaker] = {None: CircuitBreaker(config.breaker)}
         self._pool = SandboxPool(config.pool)
-        self._agent_paths: tuple[Path, ...] = ()  # what the agent's launches ran from (a warm container mounts it)
 
     async def __aenter__(self) -> Runner:
         await self._pool.__aenter__()
@@ -214,6 +215,8 @@ class Runner:
                 limits=RunLimits(wall_s=task.limits.wall_s, idle_s=task.limits.idle_s),
                 activity=rollout.activity,
             )
+            for limit, count in result.limits_hit:  # each limit the run ran into is an event of the rollout
+                rollout.note("limit_hit", limit=limit, count=count)
             _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
             try:
                 graded = await grade(task, answer=rollout.answer, answered=rollout.answered, workspace=box.workspace,
@@ -247,29 +250,45 @@ class Runner:
             raise _Failed("sandbox", str(exc)) from exc
 
 
-def _default_sandbox(server: InterceptionServer, resources: ResourceLimits | None) -> Callable[..., Sandbox]:
+def _default_sandbox(
+    server: InterceptionServer, resources: ResourceLimits | None, *, warm_paths: Callable[[], tuple[Path, ...]]
+) -> Callable[..., Sandbox]:
     reason = namespaces_unavailable()
     if reason is not None:
         if resources is not None and resources.any:
             raise AgentConfigError(f"resource limits need the namespace sandbox, which this machine lacks: {reason}")
         log.warning("rollouts run in LocalSandbox, as this user with no isolation, because %s", reason)
         return lambda network="model": LocalSandbox()  # shares everything with the host: network included
-    return namespace_sandbox_for(server, resources=resources)
+    return namespace_sandbox_for(server, resources=resources, warm_paths=warm_paths)
 
 
-def namespace_sandbox_for(server: InterceptionServer, *, resources: ResourceLimits | None = None) -> Callable[..., Sandbox]:
-    """NamespaceSandboxes that reach only this server, with its records (other rollouts' trajectories) hidden."""
+def namespace_sandbox_for(
+    server: InterceptionServer,
+    *,
+    resources: ResourceLimits | None = None,
+    warm_paths: Callable[[], tuple[Path, ...]] = lambda: _GRADER_PATHS,
+) -> Callable[..., Sandbox]:
+    """NamespaceSandboxes that reach only this server, with its records (other rollouts' trajectories) hidden even
+    where they lie inside an allowed path. `warm_paths()`, read as each sandbox is made: what its warm spare binds
+    besides the allow-list (the programs agents ran from so far, the graders' interpreter)."""
     url = urlsplit(server.url)
     record_path = server.config.record_path
     hidden = (Path(record_path).resolve().parent,) if record_path is not None else ()
-    return functools.partial(NamespaceSandbox, endpoint=(url.hostname or "127.0.0.1", url.port or 80), hidden=hidden,
-                             resources=resources)
+    endpoint = (url.hostname or "127.0.0.1", url.port or 80)
+
+    def make(network: str = "model") -> Sandbox:
+        return NamespaceSandbox(endpoint=endpoint, hidden=hidden, resources=resources, network=network,
+                                warm_paths=warm_paths())
+
+    return make
 
 
 def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:
     """Turn how the agent's run ended into a failure, or return if the rollout can be graded."""
     if result.outcome in ("timeout", "idle"):
         raise _Failed(result.outcome, result.reason or f"the agent hit its {result.outcome} limit")
+    if result.outcome == "limit":  # the run was ended for what it took (disk): kept out of training, with why
+        raise _Failed("limit", result.reason)
     if result.outcome == "spawn_failed":
         raise _Failed("agent", f"the agent could not start: {result.reason}")
     if result.outcome == "cancelled":

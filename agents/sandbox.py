@@ -43,7 +43,7 @@ from . import proctree
 from .errors import AgentConfigError
 from .spec import AgentLaunch
 from .spare import Started, hand_launch, put_away, until_ready
-from .supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised
+from .supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised, tree_bytes
 
 __all__ = [
     "ExecResult",
@@ -211,11 +211,13 @@ class LocalSandbox:
                 except OSError as exc:
                     return RunResult(outcome="spawn_failed", reason=f"{launch.argv[0]}: {exc.strerror or exc}")
             run = Supervised(begun.process, self.config, launch, started)
-            outcome, reason = await run.supervise(limits, activity, stop)
+            root = str(self.root)
+            outcome, reason = await run.supervise(limits, activity, stop, disk_usage=lambda: tree_bytes(root))
         finally:
             if begun is not None:
                 # Shielded: a cancelled run still releases what it held (a container is removed even then).
                 await asyncio.shield(begun.held.aclose())
+        hits = {**begun.limits_hit, **run.limits_hit}
         if self._keep_warm and self._root is not None:
             self._warming = asyncio.create_task(self.warm())
         stdout, stderr = run.stdout, run.stderr
@@ -231,6 +233,7 @@ class LocalSandbox:
             stdout_dropped=stdout.dropped,
             stderr_dropped=stderr.dropped,
             seconds=time.monotonic() - started,
+            limits_hit=tuple(sorted(hits.items())),
         )
 
     async def exec(
@@ -280,8 +283,10 @@ class LocalSandbox:
         """Whether a spare started for `made_for` can run `launch`."""
         return True
 
-    def _hold(self, launch: AgentLaunch) -> contextlib.AbstractAsyncContextManager[object]:
-        """What one started process holds until it ends (a cgroup, a container); passed to `_wrap`."""
+    def _hold(self, launch: AgentLaunch, hits: dict[str, int]) -> contextlib.AbstractAsyncContextManager[object]:
+        """What one started process holds until it ends (a cgroup, a container); passed to `_wrap`. As it is
+        released it counts into `hits` the limits the run ran into (a cgroup's refused forks, a bridge's refused
+        connections)."""
         return contextlib.nullcontext()
 
     def _wrap(
@@ -295,8 +300,9 @@ class LocalSandbox:
 
     async def _start(self, launch: AgentLaunch, argv: list[str], env: dict[str, str], *, waiting: bool) -> Started:
         held = AsyncExitStack()
+        hits: dict[str, int] = {}
         try:
-            state = await held.enter_async_context(self._hold(launch))
+            state = await held.enter_async_context(self._hold(launch, hits))
             command, process_env = self._wrap(launch, argv, env, state)
             process = await asyncio.create_subprocess_exec(
                 *command,
@@ -310,7 +316,7 @@ class LocalSandbox:
         except BaseException:
             await asyncio.shield(held.aclose())
             raise
-        return Started(process, held, made_for=launch if waiting else None)
+        return Started(process, held, made_for=launch if waiting else None, limits_hit=hits)
 
     async def _take_spare(self, launch: AgentLaunch) -> Started | None:
         """The warm spare, when there is one (or one on its way) that fits this launch."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import proctree
 from .errors import AgentError
@@ -33,6 +33,7 @@ class Started:
     process: asyncio.subprocess.Process
     held: AsyncExitStack
     made_for: AgentLaunch | None = None  # a warm spare: the template it was started for; it waits for its launch
+    limits_hit: dict[str, int] = field(default_factory=dict)  # filled by what it held, as that is released
 
 
 async def until_ready(spare: Started) -> None:

@@ -23,24 +23,30 @@ from .spec import AgentLaunch
 if TYPE_CHECKING:
     from .sandbox import LocalSandboxConfig
 
-__all__ = ["ExecResult", "Heartbeat", "Outcome", "RunLimits", "RunResult", "Supervised"]
+__all__ = ["ExecResult", "Heartbeat", "Outcome", "RunLimits", "RunResult", "Supervised", "tree_bytes"]
 
-Outcome = Literal["exited", "timeout", "idle", "cancelled", "spawn_failed"]
+Outcome = Literal["exited", "timeout", "idle", "limit", "cancelled", "spawn_failed"]
 _DRAIN_S = 2.0  # after the tree is gone, how long the output pipes get to reach EOF (a process that escaped the
 # tree could hold them open forever)
 _STDIN_CHUNK = 64 * 1024
+_DISK_POLL_S = 2.0  # how often the rollout directory's size is measured (a walk of its tree, in a thread)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunLimits:
     wall_s: float = 1800.0  # the whole run
     idle_s: float | None = 300.0  # no output and no outside activity for this long; None: no watchdog
+    # What the run may write into its directory (workspace, home, tmp) on the host's disk: past it the run is ended
+    # with outcome "limit" (a full disk would fail every other rollout's finish). None: unwatched.
+    disk_bytes: int | None = 4 * 2**30
 
     def __post_init__(self) -> None:
         if self.wall_s <= 0:
             raise AgentConfigError("wall_s must be positive")
         if self.idle_s is not None and self.idle_s <= 0:
             raise AgentConfigError("idle_s must be positive (or None)")
+        if self.disk_bytes is not None and self.disk_bytes <= 0:
+            raise AgentConfigError("disk_bytes must be positive (or None)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +59,9 @@ class RunResult:
     stdout_dropped: int = 0  # bytes cut from the head of each stream
     stderr_dropped: int = 0
     seconds: float = 0.0
+    # Limits the run ran into, by name ("memory", "pids", "disk", "connections"), with how often: each is an event
+    # of the rollout; the one that ended the run is also its outcome ("limit").
+    limits_hit: tuple[tuple[str, int], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -100,9 +109,14 @@ class Supervised:
         self.last_output = started
         self.stdout = OutputTail(limit_bytes=config.output_limit_bytes, secrets=launch.secrets)
         self.stderr = OutputTail(limit_bytes=config.output_limit_bytes, secrets=launch.secrets)
+        self.limits_hit: dict[str, int] = {}
 
     async def supervise(
-        self, limits: RunLimits, activity: Callable[[], float] | None, stop: asyncio.Event | None
+        self,
+        limits: RunLimits,
+        activity: Callable[[], float] | None,
+        stop: asyncio.Event | None,
+        disk_usage: Callable[[], int] | None = None,
     ) -> tuple[Outcome, str]:
         assert self.process.stdout is not None and self.process.stderr is not None
         pumps = [
@@ -112,7 +126,7 @@ class Supervised:
         if self.launch.stdin is not None:
             pumps.append(asyncio.create_task(self._feed(self.launch.stdin)))
         try:
-            verdict = await self._watch(limits, activity, stop)
+            verdict = await self._watch(limits, activity, stop, disk_usage)
             if verdict[0] != "exited":
                 await self._terminate()
             # After a plain exit the shim has already ended what the agent left running. (Off Linux there is no
@@ -129,20 +143,30 @@ class Supervised:
             await _drain(pumps)
 
     async def _watch(
-        self, limits: RunLimits, activity: Callable[[], float] | None, stop: asyncio.Event | None
+        self,
+        limits: RunLimits,
+        activity: Callable[[], float] | None,
+        stop: asyncio.Event | None,
+        disk_usage: Callable[[], int] | None,
     ) -> tuple[Outcome, str]:
         deadline = self.started + limits.wall_s
         exited = asyncio.ensure_future(self.process.wait())
         stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        over_disk = None
+        if disk_usage is not None and limits.disk_bytes is not None:
+            over_disk = asyncio.ensure_future(_until_over(disk_usage, limits.disk_bytes))
         try:
             while True:
-                waiting = {exited} if stopping is None else {exited, stopping}
+                waiting = {f for f in (exited, stopping, over_disk) if f is not None}
                 await asyncio.wait(waiting, timeout=self.config.poll_s, return_when=asyncio.FIRST_COMPLETED)
                 if exited.done():
                     return "exited", ""
                 now = time.monotonic()
                 if stopping is not None and stopping.done():
                     return "cancelled", "stopped by the caller"
+                if over_disk is not None and over_disk.done():
+                    self.limits_hit["disk"] = 1
+                    return "limit", f"disk: the run wrote {over_disk.result():,} bytes, over its {limits.disk_bytes:,}"
                 if now >= deadline:
                     return "timeout", f"still running after the {limits.wall_s:g} s wall-clock limit"
                 if limits.idle_s is not None:
@@ -150,7 +174,7 @@ class Supervised:
                     if now - seen >= limits.idle_s:
                         return "idle", f"no output and no activity for {limits.idle_s:g} s"
         finally:
-            for future in (exited, stopping):
+            for future in (exited, stopping, over_disk):
                 if future is not None and not future.done():
                     future.cancel()
 
@@ -194,6 +218,37 @@ class Supervised:
                 await stdin.drain()
             stdin.close()
             await stdin.wait_closed()
+
+
+async def _until_over(disk_usage: Callable[[], int], limit: int) -> int:
+    """Returns the usage once it is over `limit` (measured every `_DISK_POLL_S`, off the event loop)."""
+    while True:
+        await asyncio.sleep(_DISK_POLL_S)
+        used = await asyncio.to_thread(disk_usage)
+        if used > limit:
+            return used
+
+
+def tree_bytes(root: str) -> int:
+    """The disk space a directory tree takes (allocated blocks, so a sparse file counts what it holds; each entry
+    at least one block, so a million empty files count too). Entries that vanish while walking are skipped."""
+    total = 0
+    stack = [root]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += max(st.st_blocks * 512, 4096)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+    return total
 
 
 async def _drain(pumps: list[asyncio.Task]) -> None:
