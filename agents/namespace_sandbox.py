@@ -182,6 +182,10 @@ class NamespaceSandbox(BridgedSandbox):
                 kept.append(path)
         return kept
 
+    def _links(self) -> tuple[tuple[str, str], ...]:
+        """(link, target) of the root's symbolic links to the system's directories (a merged /usr's /bin)."""
+        return _root_links()
+
     def _wrap(
         self, launch: AgentLaunch, argv: list[str], env: dict[str, str], held: object
     ) -> tuple[list[str], dict[str, str]]:
@@ -201,7 +205,7 @@ class NamespaceSandbox(BridgedSandbox):
             # An empty root with the allow-list bound read-only: no `--ro-bind / /`, which left every host Unix socket
             # connectable (a read-only mount does not stop connect()) and every host file readable.
             *[arg for path in binds for arg in _bind_args(path)],
-            *[arg for link, target in _root_links() for arg in ("--symlink", target, link)],
+            *[arg for link, target in self._links() for arg in ("--symlink", target, link)],
             "--proc", "/proc",
             "--dev", "/dev",
             "--tmpfs", "/tmp",

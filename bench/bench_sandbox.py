@@ -2,6 +2,7 @@
 endpoint, and how many sandboxes this machine holds at once.
 
     python bench/bench_sandbox.py [--runs 20] [--concurrent 8 16 32] [--json OUT]
+    python bench/bench_sandbox.py --layouts [--runs 20]     # the namespace box before and after its allow-list
 
 The "agent" is `python3 -c` that sends one HTTP request to its `OPENAI_BASE_URL` (a tiny aiohttp endpoint on
 127.0.0.1) and then, for the capacity figure, waits until told to exit. Reported per backend: the start-to-first-
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import statistics
 import sys
 import time
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web  # noqa: E402
 
+from agents.cgroups import ResourceLimits  # noqa: E402
 from agents.docker_sandbox import DockerSandbox, docker_unavailable  # noqa: E402
 from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable  # noqa: E402
 from agents.pool import prepare  # noqa: E402
@@ -78,7 +81,7 @@ async def _one(make, endpoint: Endpoint, who: str, *, warm: bool = False) -> tup
             box = await stack.enter_async_context(make())
         python = "python3" if isinstance(box, DockerSandbox) else sys.executable  # the image's own python
         launch = AgentLaunch(argv=(python, "-c", AGENT, who), cwd=box.workspace,
-                             env={"OPENAI_BASE_URL": f"http://127.0.0.1:{endpoint.port}/v1"})
+                             env={"OPENAI_BASE_URL": f"http://127.0.0.1:{endpoint.port}/rollout/bench/v1"})
         started = time.perf_counter()
         result = await box.run(launch, limits=RunLimits(wall_s=120, idle_s=None))
         if warm and box.warm_starts != 1:
@@ -139,11 +142,54 @@ async def measure(name: str, make, endpoint: Endpoint, runs: int, concurrent: li
     return report
 
 
+class _HostRootSandbox(NamespaceSandbox):
+    """The namespace box as it was before its allow-list: the host's / bound read-only under the same tmpfs and
+    bridge. Here only to be timed against the allow-list in one run; never a backend."""
+
+    def _binds(self, launch: AgentLaunch) -> list[Path]:
+        return [Path("/")]
+
+    def _links(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+
+async def compare_layouts(endpoint: Endpoint, runs: int) -> dict:
+    """Cold and warm start-to-first-request of three namespace layouts, interleaved start by start (round after
+    round in shuffled order), each figure also as a ratio to the first: the host's / without limits (before), the
+    allow-list without limits, and the default (the allow-list with DEFAULT_LIMITS' cgroup, where it can be made)."""
+    at = ("127.0.0.1", endpoint.port)
+    layouts = {
+        "host_root": lambda: _HostRootSandbox(endpoint=at, resources=ResourceLimits()),
+        "allow_list": lambda: NamespaceSandbox(endpoint=at, resources=ResourceLimits()),
+        "default": lambda: NamespaceSandbox(endpoint=at),
+    }
+    endpoint.release.set()
+    latencies: dict[tuple[str, str], list[float]] = {(n, m): [] for n in layouts for m in ("cold", "warm")}
+    for i in range(runs + 1):  # the first round warms the page cache and is not kept
+        order = [(name, mode) for name in layouts for mode in ("cold", "warm")]
+        random.shuffle(order)
+        for name, mode in order:
+            who = f"layout-{name}-{mode}-{i}"
+            started, outcome = await _one(layouts[name], endpoint, who, warm=mode == "warm")
+            if who not in endpoint.arrived:
+                raise RuntimeError(f"{name}: the agent never reached its endpoint ({outcome})")
+            if i:
+                latencies[name, mode].append((endpoint.arrived[who] - started) * 1000)
+    report: dict = {}
+    for name in layouts:
+        report[name] = {}
+        for mode in ("cold", "warm"):
+            report[name] |= _percentiles(latencies[name, mode], mode)
+            base = statistics.median(latencies["host_root", mode])
+            report[name][f"{mode}_p50_ratio"] = round(statistics.median(latencies[name, mode]) / base, 2)
+    return report
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     endpoint = Endpoint()
     app = web.Application()
-    app.router.add_get("/v1/models", endpoint.models)
-    app.router.add_get("/v1/wait", endpoint.wait)
+    app.router.add_get("/rollout/bench/v1/models", endpoint.models)  # a box reaches only rollout routes
+    app.router.add_get("/rollout/bench/v1/wait", endpoint.wait)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -159,6 +205,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     else:
         print(f"docker: skipped ({reason})")
     try:
+        if args.layouts:
+            if "namespace" not in backends:
+                raise SystemExit("--layouts needs the namespace sandbox")
+            return {"layouts": await compare_layouts(endpoint, args.runs)}
         return {name: await measure(name, make, endpoint, args.runs, args.concurrent, args.prepared)
                 for name, make in backends.items()}
     finally:
@@ -173,8 +223,18 @@ def main() -> int:
     parser.add_argument("--image", default="interceptor/debian-python:bookworm",
                         help="the Docker backend's image (scripts/setup-docker.sh builds this one offline)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--layouts", action="store_true",
+                        help="only the namespace box's start, before (the host's /) and after its allow-list and limits")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
+    if args.layouts:
+        print(f"{'layout':<11} {'cold p50 ms':>11} {'p90':>7} {'ratio':>6} {'warm p50 ms':>11} {'p90':>7} {'ratio':>6}")
+        for name, r in results["layouts"].items():
+            print(f"{name:<11} {r['cold_ms_p50']:>11} {r['cold_ms_p90']:>7} {r['cold_p50_ratio']:>6} "
+                  f"{r['warm_ms_p50']:>11} {r['warm_ms_p90']:>7} {r['warm_p50_ratio']:>6}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        return 0
     print(f"{'backend':<10} {'cold p50 ms':>11} {'p90':>7} {'max':>7} {'warm p50 ms':>11} {'p90':>7} {'max':>7} "
           f"{'prepared MiB':>12}   concurrent: up/N, last first request, MiB each")
     for name, r in results.items():
