@@ -102,6 +102,7 @@ async def run_turn(
             prompt=plan.prompt,
             sampling=sampling,
             vocab_size=policy.renderer.vocab_size,
+            max_model_len=policy.max_model_len,
             top_logprobs=request.top_logprobs,
             budget=attempts.budget,
             rollout_id=rollout.id,

@@ -12,7 +12,8 @@ unreachable or failing -> 503, timed out -> 504, a reply that breaks the contrac
 
 Generation goes through `/v1/completions` with token ids in and token ids out, never streaming (streamed token ids
 are lossy around tool calls). The reply is parsed into a `Generation` by `parse_generation`, which checks every
-field the samples depend on (ids in the vocabulary, one finite logprob per id): a missing logprob is an error,
+field the samples depend on and that the policy could have sampled it (at least one id, no more than `max_tokens`
+and the context allow, ids in the vocabulary, one finite logprob at most 0 per id): a missing logprob is an error,
 never a zero. URLs in messages have their credentials removed.
 """
 
@@ -43,6 +44,11 @@ __all__ = ["AttemptBudget", "RETRYABLE_STATUSES", "UpstreamClient", "parse_gener
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 T = TypeVar("T")
+# How far above 0 a logprob may be and still be the policy's. log_softmax is <= 0 in exact arithmetic and vLLM
+# sends a certain token's as 0.0; no vLLM reply above 0 has been seen, but a GPU kernel's approximate exp and log
+# may leave a near-certain token a few ulps over. 1e-4 (a probability of 1.0001) moves no importance ratio, and a
+# server that breaks the contract sends far more.
+_LOGPROB_SLACK = 1e-4
 _ERROR_TEXT_KEPT = 500  # characters of an upstream error body quoted in our own error message
 
 
@@ -249,10 +255,12 @@ class UpstreamClient:
         prompt: PromptJson,
         sampling: Sampling,
         vocab_size: int,
+        max_model_len: int,
         top_logprobs: int = 0,
         budget: AttemptBudget | None = None,
     ) -> Generation:
-        """Generate after `prompt` (token ids, already serialised as JSON)."""
+        """Generate after `prompt` (token ids, already serialised as JSON), at most `sampling["max_tokens"]` tokens
+        and within the model's context of `max_model_len` (what the reply is checked against)."""
         payload = {
             "model": model,
             "return_token_ids": True,
@@ -266,7 +274,8 @@ class UpstreamClient:
             try:
                 return parse_generation(
                     body, model=model, vocab_size=vocab_size, top_logprobs=top_logprobs,
-                    seconds=time.perf_counter() - started,
+                    seconds=time.perf_counter() - started, max_tokens=sampling.get("max_tokens"),
+                    prompt_tokens=prompt.count, max_model_len=max_model_len,
                 )
             except _Retryable as exc:  # the generation was aborted (a pause with mode=abort): try again
                 if budget.spent:
@@ -290,8 +299,13 @@ class UpstreamClient:
             yield resp
 
 
-def parse_generation(body: object, *, model: str, vocab_size: int, top_logprobs: int, seconds: float) -> Generation:
-    """The `Generation` in a `/v1/completions` reply, or `UpstreamError` (502) naming what breaks the contract."""
+def parse_generation(
+    body: object, *, model: str, vocab_size: int, top_logprobs: int, seconds: float, max_tokens: int | None,
+    prompt_tokens: int, max_model_len: int,
+) -> Generation:
+    """The `Generation` in a `/v1/completions` reply to a request for at most `max_tokens` after `prompt_tokens`
+    in a context of `max_model_len`, or `UpstreamError` (502) naming what breaks the contract: a reply no policy
+    could have sampled (no token, more than was asked for or fits, a logprob above 0) is never recorded."""
     try:
         choice = body["choices"][0]  # type: ignore[index]
         token_ids = choice["token_ids"]
@@ -309,9 +323,17 @@ def parse_generation(body: object, *, model: str, vocab_size: int, top_logprobs:
     finish_reason = "stop" if finish_reason == "stop" else "length"  # the literal, not the reply's copy (kept per turn)
     if not isinstance(token_ids, list) or not isinstance(token_logprobs, list):
         raise UpstreamError("the policy server's token_ids and token_logprobs must be lists")
-    if len(token_ids) != len(token_logprobs):
+    sampled = len(token_ids)
+    if sampled != len(token_logprobs):
+        raise UpstreamError(f"the policy server returned {sampled} token ids but {len(token_logprobs)} logprobs")
+    if not sampled:  # vLLM samples at least one token for max_tokens >= 1 (an aborted generation is retried above)
+        raise UpstreamError(f"the policy server returned no sampled token (finish_reason {finish_reason!r})")
+    if max_tokens is not None and sampled > max_tokens:
+        raise UpstreamError(f"the policy server returned {sampled} sampled tokens for max_tokens {max_tokens}")
+    if prompt_tokens + sampled > max_model_len:
         raise UpstreamError(
-            f"the policy server returned {len(token_ids)} token ids but {len(token_logprobs)} logprobs"
+            f"the policy server returned {sampled} sampled tokens after a {prompt_tokens}-token prompt, past the "
+            f"model's context of {max_model_len} tokens"
         )
     if not all(type(t) is int for t in token_ids) or (token_ids and not 0 <= min(token_ids) <= max(token_ids) < vocab_size):
         raise UpstreamError(f"the policy server returned token ids that are not in the vocabulary (0..{vocab_size - 1})")
@@ -319,6 +341,8 @@ def parse_generation(body: object, *, model: str, vocab_size: int, top_logprobs:
         raise UpstreamError("the policy server left a sampled token without a numeric logprob")
     if not all(math.isfinite(lp) for lp in token_logprobs):
         raise UpstreamError("the policy server returned a logprob that is not finite")
+    if (highest := max(token_logprobs)) > _LOGPROB_SLACK:
+        raise UpstreamError(f"the policy server returned a logprob above 0 ({highest:.6g}): a probability above 1")
     tops = None
     if top_logprobs:
         tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
@@ -337,7 +361,8 @@ def parse_generation(body: object, *, model: str, vocab_size: int, top_logprobs:
 
 def _is_top_entry(entry: object) -> bool:
     return isinstance(entry, dict) and all(
-        isinstance(k, str) and (type(v) is float or type(v) is int) and math.isfinite(v) for k, v in entry.items()
+        isinstance(k, str) and (type(v) is float or type(v) is int) and math.isfinite(v) and v <= _LOGPROB_SLACK
+        for k, v in entry.items()
     )
 
 

@@ -90,10 +90,10 @@ class ScriptedUpstream:
         cut = isinstance(reply, tuple) and reply[0] == "length"
         text = reply[1] if cut else reply
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if cut:
-            token_ids = token_ids[: body.get("max_tokens", len(token_ids))]
-        else:
+        if not cut:
             token_ids.append(self.end_of_turn)
+        if len(token_ids) > body.get("max_tokens", len(token_ids)):  # as vLLM does: never more than asked for
+            token_ids, cut = token_ids[: body["max_tokens"]], True
         logprobs = [-self._rng.uniform(0.01, 5.0) for _ in token_ids]
         self.calls.append(Call(list(body["prompt"]), token_ids, logprobs, body))
         choice = {

@@ -79,6 +79,16 @@ def _logprobs(change) -> Mangled:
     return _choice(lambda c: c["logprobs"].update(token_logprobs=change(c["logprobs"]["token_logprobs"])))
 
 
+def _sampled(count: int) -> Mangled:
+    """A good reply whose sampled tokens are its first one `count` times over, each with a logprob."""
+
+    def resample(choice: dict) -> None:
+        choice["token_ids"] = choice["token_ids"][:1] * count
+        choice["logprobs"]["token_logprobs"] = [-0.5] * count
+
+    return _choice(resample)
+
+
 def _first(value):
     return lambda values: [value, *values[1:]]
 
@@ -133,6 +143,11 @@ CASES = [
     Case("lengths_differ", _logprobs(lambda lps: lps[:-1]), **BAD_GATEWAY),
     Case("finish_reason_unknown", _choice(lambda c: c.update(finish_reason="exploded")), **BAD_GATEWAY),
     Case("finish_reason_missing", _choice(lambda c: c.pop("finish_reason")), **BAD_GATEWAY),
+    # --- a 200 no policy could have sampled: the upstream's fault, never a recorded turn
+    Case("logprob_positive", _logprobs(lambda lps: [5.0, 0.25, *lps[2:]]), **BAD_GATEWAY),
+    Case("too_many_tokens", _sampled(40_001), **BAD_GATEWAY),  # past max_tokens (2048 or 64) and the 4096 context
+    Case("empty_generation", _sampled(0), **BAD_GATEWAY),
+    Case("more_logprobs_than_tokens", _logprobs(lambda lps: [*lps, -0.5]), **BAD_GATEWAY),
     # --- controls: the turn succeeds, nothing is a failure, the reward counts
     Case("slow_reply_after_hold", Reply(RECOVERED_TEXT, delay_s=LATE_S), late=True, **RECOVERS),
     Case("wrong_content_type", Reply(RECOVERED_TEXT, content_type="text/plain"), **RECOVERS),
