@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from .errors import ConfigError
 
@@ -77,10 +78,28 @@ class UpstreamConfig:
                 raise ConfigError(f"upstream URL must be http(s): {url!r}")
         if len({self.base_url.rstrip("/"), *(u.rstrip("/") for u in self.replicas)}) != 1 + len(self.replicas):
             raise ConfigError("the upstream replicas must be distinct URLs")
+        if self.api_key:  # "" is no key, as an empty environment variable means
+            self._check_api_key()
         if self.attempts < 1:
             raise ConfigError("attempts must be at least 1")
         if self.health_interval_s <= 0:
             raise ConfigError("health_interval_s must be positive")
+
+    def _check_api_key(self) -> None:
+        """The key must fit in a header. Beside `user:password@` in an upstream URL it is refused: the URL's
+        credentials are Basic authentication in the Authorization header, where the key goes as a Bearer token, so
+        one of the two would be dropped, and which one the upstream wants is the user's to say; a guess would fail
+        every turn with a 401, where this fails once, at start."""
+        if not isinstance(self.api_key, str) or not all(" " <= c <= "~" for c in self.api_key):
+            raise ConfigError("the upstream API key must be a string of visible ASCII (it is sent in a header)")
+        for url in (self.base_url, *self.replicas):
+            parts = urlsplit(url)
+            if parts.username is not None or parts.password is not None:
+                raise ConfigError(
+                    f"the upstream URL for {parts.hostname} has credentials (user:password@) and an API key is set: "
+                    "both would be the Authorization header; keep one (the URL's for Basic authentication, the key "
+                    "for a Bearer token)"
+                )
 
     @property
     def root(self) -> str:

@@ -16,9 +16,11 @@ import logging
 import os
 import secrets
 import signal
+import sys
 from pathlib import Path
 
 from .config import ServerConfig, UpstreamConfig
+from .errors import ConfigError
 from .workers import ShardedServer
 
 __all__ = ["run_serve_from_args"]
@@ -74,6 +76,10 @@ def _write_private(path: Path, text: str) -> None:
 
 def run_serve_from_args(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:  # the user's to fix: the reason, not a traceback
+        print(f"interceptor serve: error: {exc}", file=sys.stderr)
+        return 2
     asyncio.run(_serve(config, Path(args.admin_token_file) if args.admin_token_file else None, args.workers))
     return 0

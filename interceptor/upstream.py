@@ -14,13 +14,15 @@ Generation goes through `/v1/completions` with token ids in and token ids out, n
 are lossy around tool calls). The reply is parsed into a `Generation` by `parse_generation`, which checks every
 field the samples depend on and that the policy could have sampled it (at least one id, no more than `max_tokens`
 and the context allow, ids in the vocabulary, one finite logprob at most 0 per id): a missing logprob is an error,
-never a zero. URLs in messages have their credentials removed.
+never a zero. A request the HTTP client will not make fails upstream too (502). URLs in messages have their
+credentials removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import random
 import sys
@@ -35,12 +37,14 @@ import aiohttp
 import orjson
 
 from .config import UpstreamConfig
-from .errors import ContextLengthExceeded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from .errors import ApiError, ContextLengthExceeded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from .http1 import Http1Pool, HttpError, lean_client_serves
 from .ids_json import PromptJson
 from .records import Generation
 
 __all__ = ["AttemptBudget", "RETRYABLE_STATUSES", "UpstreamClient", "parse_generation", "redact_url"]
+
+log = logging.getLogger("interceptor.upstream")
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 T = TypeVar("T")
@@ -197,8 +201,19 @@ class UpstreamClient:
             except (_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, HttpError):
                 if budget.spent:
                     raise
+            except (ApiError, TimeoutError, aiohttp.ClientError):
+                raise  # an answer that is an error, or one `_converted_errors` converts
+            except Exception as exc:  # the capture point of the request itself: see `_unsendable`
+                raise self._unsendable(exc) from exc
             bound = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (tries - 1))
             await asyncio.sleep(random.uniform(0, bound))
+
+    def _unsendable(self, exc: Exception) -> UpstreamError:
+        """A request the HTTP client would not make (aiohttp refuses some header and URL combinations with a
+        ValueError): never retried, it fails the turn upstream, so the rollout is not rewarded, rather than being a
+        500 no one counts. Logged with its traceback: it is a configuration or a defect, not the upstream's mood."""
+        log.error("a request to the policy server at %s could not be made", self._where, exc_info=exc)
+        return UpstreamError(f"the request to the policy server at {self._where} could not be made: {_describe(exc)}")
 
     async def _fetch_once(self, method: str, path: str, data: bytes | None) -> bytes:
         if self._pool is not None:

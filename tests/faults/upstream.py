@@ -10,6 +10,7 @@ client sees a real reset or a real early close), a stall, or a 200 whose body br
         upstream.script(Reply("hello"))        # the next call gets this
         upstream.then = Status(503)            # every call after the script is used up gets this
         upstream.attempts                      # calls received (completions and chat) so far
+        upstream.authorizations                # the Authorization header each of them came with
         await upstream.refuse_connections()    # stop listening: the port now refuses connections
 
 `/v1/chat/completions` answers from the same script (black_box mode): a `Reply` becomes an OpenAI chat
@@ -110,6 +111,7 @@ class FaultUpstream:
         self.then: Behaviour = Reply()
         self.attempts = 0  # requests received at /v1/completions and /v1/chat/completions
         self.calls: list[Call] = []  # good completions sent: what the policy "sampled", for token-exact checks
+        self.authorizations: list[str | None] = []  # the Authorization header of each completion and chat request
         self.arrived = asyncio.Event()  # set on every request; tests clear it to wait for the next one
         self._rng = random.Random(0)
         self._closing = asyncio.Event()
@@ -152,6 +154,7 @@ class FaultUpstream:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self.authorizations.append(request.headers.get("Authorization"))
         body = orjson.loads(await request.read())
         behaviour = self._next()
         if isinstance(behaviour, Reply):
@@ -163,6 +166,7 @@ class FaultUpstream:
         return await self._perform(request, behaviour, lambda text: self._completion(body, text))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.authorizations.append(request.headers.get("Authorization"))
         body = orjson.loads(await request.read())
         behaviour = self._next()
         if isinstance(behaviour, Reply) and body.get("stream"):
