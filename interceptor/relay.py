@@ -30,7 +30,8 @@ from .trajectory import message_key
 from .replicas import ReplicaSet
 
 __all__ = [
-    "CHAT_RELAY", "EventCollector", "Rebuilt", "RelayShape", "StreamCollector", "json_object", "relay_turn", "sse_payloads",
+    "CHAT_RELAY", "EventCollector", "Rebuilt", "RelayShape", "StreamCollector", "error_message", "json_object",
+    "relay_turn", "sse_payloads", "token_count",
 ]
 
 
@@ -226,10 +227,26 @@ class EventCollector:
         raise NotImplementedError
 
 
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def token_count(value: object) -> int:
+    """A usage figure of the upstream's answer as the trace counts it: an integer, else 0 (it is never looked up,
+    but a string or a list there must not fail the relay of an answer the agent already has)."""
+    return value if type(value) is int and value >= 0 else 0
+
+
+def error_message(error: object, default: object) -> str:
+    """The message of an error object an upstream sent (or `default`), for the trace."""
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message or default)[:2000]
+
+
 def _usage(usage: object) -> tuple[int, int]:
     if not isinstance(usage, dict):
         return 0, 0
-    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    return token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens"))
 
 
 class _ChatRelay:
@@ -264,22 +281,29 @@ class _ChatCollector(EventCollector):
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         if isinstance(chunk.get("error"), dict):
-            self.error = str(chunk["error"].get("message") or chunk["error"])[:2000]
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
+            self.error = error_message(chunk["error"], chunk["error"])
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
             if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(reasoning, str):
                 self.reasoning.append(reasoning)
-            for call in delta.get("tool_calls") or ():
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
+                index = call.get("index", 0) if isinstance(call, dict) else None
+                if type(index) is not int:  # a key of `calls`, sorted: a list or a string there is no call's
+                    continue
                 slot = self.calls.setdefault(
-                    call.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                    index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
                 )
-                slot["id"] = call.get("id") or slot["id"]
-                function = call.get("function") or {}
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
+                slot["id"] = _text(call.get("id")) or slot["id"]
+                function = call.get("function") if isinstance(call.get("function"), dict) else {}
+                slot["function"]["name"] += _text(function.get("name"))
+                slot["function"]["arguments"] += _text(function.get("arguments"))
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 

@@ -25,7 +25,7 @@ from .dialects.chat import CHAT
 from .dialects.messages import MESSAGES
 from .dialects.responses import RESPONSES
 from .errors import ApiError
-from .relay import CHAT_RELAY, EventCollector, Rebuilt, RelayShape
+from .relay import CHAT_RELAY, EventCollector, Rebuilt, RelayShape, error_message, token_count
 
 __all__ = ["MESSAGES_RELAY", "RESPONSES_RELAY", "relay_shape_for"]
 
@@ -70,9 +70,9 @@ def _call(call_id: str, name: str, arguments: object) -> dict:
 def _messages_usage(usage: object) -> tuple[int, int]:
     if not isinstance(usage, dict):
         return 0, 0
-    prompt = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens",
-                                                  "cache_read_input_tokens"))  # fmt: skip
-    return prompt, int(usage.get("output_tokens") or 0)
+    prompt = sum(token_count(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
+                                                     "cache_read_input_tokens"))  # fmt: skip
+    return prompt, token_count(usage.get("output_tokens"))
 
 
 def _messages_assistant(blocks: list[dict]) -> dict:
@@ -101,7 +101,8 @@ class _MessagesRelay:
     def read_reply(self, body: object) -> Rebuilt:
         message = _messages_assistant([b for b in body["content"] if isinstance(b, dict)])  # type: ignore[index]
         stop = body.get("stop_reason")  # type: ignore[union-attr]
-        return Rebuilt(message, _STOP_REASONS.get(stop, stop), *_messages_usage(body.get("usage")))  # type: ignore
+        stop = _STOP_REASONS.get(stop, stop) if isinstance(stop, str) else None
+        return Rebuilt(message, stop, *_messages_usage(body.get("usage")))  # type: ignore[union-attr]
 
     def collector(self) -> _MessagesCollector:
         return _MessagesCollector()
@@ -120,9 +121,11 @@ class _MessagesCollector(EventCollector):
 
     def _take(self, event: dict) -> None:
         kind, index = event.get("type"), event.get("index")
+        if type(index) is not int:  # a key of `_blocks`, looked up and sorted: nothing else names a block
+            index = None
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self._prompt, self._completion = _messages_usage(event["message"].get("usage"))
-        elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+        elif kind == "content_block_start" and index is not None and isinstance(event.get("content_block"), dict):
             self._blocks[index] = dict(event["content_block"])
         elif kind == "content_block_delta" and index in self._blocks and isinstance(event.get("delta"), dict):
             block, delta = self._blocks[index], event["delta"]
@@ -133,15 +136,16 @@ class _MessagesCollector(EventCollector):
             elif delta.get("type") == "input_json_delta":
                 self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
         elif kind == "message_delta":
-            self._stop = (event.get("delta") or {}).get("stop_reason") or self._stop
+            stop = event["delta"].get("stop_reason") if isinstance(event.get("delta"), dict) else None
+            self._stop = stop if isinstance(stop, str) and stop else self._stop  # looked up in _STOP_REASONS
             prompt, completion = _messages_usage(event.get("usage"))
             self._prompt, self._completion = prompt or self._prompt, completion or self._completion
         elif kind == "error":
-            self._error = str((event.get("error") or {}).get("message") or event)[:2000]
+            self._error = error_message(event.get("error"), event)
 
     def rebuilt(self) -> Rebuilt:
         blocks = []
-        for index in sorted(self._blocks, key=lambda i: i if isinstance(i, int) else 0):
+        for index in sorted(self._blocks):
             block = self._blocks[index]
             if index in self._json:
                 block = {**block, "input": "".join(self._json[index])}
@@ -170,12 +174,13 @@ def _responses_reply(response: dict) -> Rebuilt:
             calls.append(_call(str(item.get("call_id", "")), str(item.get("name", "")), item.get("arguments", "")))
     status = response.get("status")
     if status == "incomplete":
-        reason = (response.get("incomplete_details") or {}).get("reason")
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
         finish = "length" if reason == "max_output_tokens" else reason or status
     else:
         finish = "tool_calls" if calls else "stop" if status == "completed" else status
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-    prompt, completion = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
+    prompt, completion = token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))
     return Rebuilt(_assistant(texts, reasoning, calls, text_joiner="\n"), finish, prompt, completion)
 
 
@@ -215,17 +220,17 @@ class _ResponsesCollector(EventCollector):
             self._response = event["response"]
             self._terminal = kind in ("response.completed", "response.incomplete", "response.failed")
         if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
-            self._done_items[event.get("output_index", len(self._done_items))] = event["item"]
+            index = event.get("output_index")
+            self._done_items[index if type(index) is int else len(self._done_items)] = event["item"]
         if kind == "response.failed":
-            self._error = str((self._response.get("error") or {}).get("message") or "the response failed")[:2000]
+            self._error = error_message(self._response.get("error"), "the response failed")
         elif kind == "error":
             self._error = str(event.get("message") or event)[:2000]
 
     def rebuilt(self) -> Rebuilt:
         response = self._response
         if not (self._terminal and response.get("output")):
-            done = sorted(self._done_items, key=lambda i: i if isinstance(i, int) else 0)
-            response = {**response, "output": [self._done_items[i] for i in done]}
+            response = {**response, "output": [self._done_items[i] for i in sorted(self._done_items)]}
         return replace(_responses_reply(response), error=self._error)
 
     def failure(self, error: ApiError) -> bytes:

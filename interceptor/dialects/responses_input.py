@@ -102,6 +102,8 @@ def _text_of(content: object, param: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):  # checked first: a list or an object cannot be looked up in _TEXT_PARTS
+            raise BadRequest(f"{param}[{j}] must be an object whose type is a string", param=param)
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind in ("input_image", "input_file", "input_audio"):
