@@ -9,8 +9,8 @@ and its own seeded generator over the cases of `tests/interceptor/fuzz_inputs.py
 `fuzz_client.py` (both shared with the property test), so a run is reproducible. A second child process runs one healthy multi-turn rollout after another and times every turn:
 first alone, then while the fuzzing runs.
 
-Printed: requests and statuses per route; every answer that breaks the contract (a 5xx, a 4xx not in OpenAI's
-shape, a cut-off response), grouped by route and input class, with one example scenario each; the input families
+Printed: requests and statuses per route; every answer that breaks the contract (a 5xx, a 4xx not in its
+dialect's error shape, a cut-off response), grouped by route and input class, with one example scenario each; the input families
 that cost the server most; the distinct exceptions in the server's log; the healthy rollout's turn latency alone
 and during the fuzzing, and their ratio.
 The exit status is 1 when any answer broke the contract.

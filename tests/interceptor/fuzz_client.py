@@ -1,8 +1,9 @@
 """A blocking HTTP/1.1 client that sends fuzzed requests byte for byte, and the verdict on each answer.
 
 The contract checked (DESIGN.md, invariant 7): no answer is a 5xx (the fake upstream never fails unless told),
-every 4xx is OpenAI's error shape `{"error": {"message", "type", "param", "code"}}` (except the plain-text 400s
-aiohttp's HTTP parser sends before the app sees a request), and a 200 stream ends with `[DONE]`.
+every 4xx is in the error shape of the route's dialect, OpenAI's `{"error": {"message", "type", "param", "code"}}`
+or (Messages) Anthropic's `{"type": "error", "error": {"type", "message"}}` (except the plain-text 400s aiohttp's
+HTTP parser sends before the app sees a request), and a 200 stream ends with `[DONE]`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import orjson
 from tests.interceptor.fuzz_inputs import Case, Step
 from tests.interceptor.fuzz_values import AUTHORIZATIONS, Credentials
 
-__all__ = ["HttpClient", "Outcome", "Reply", "is_openai_error", "run_case"]
+__all__ = ["HttpClient", "Outcome", "Reply", "is_anthropic_error", "is_openai_error", "run_case"]
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -105,11 +106,24 @@ def _problem(step: Step, reply: Reply) -> str | None:
         return f"{reply.status} cut off"
     if reply.status >= 500:
         return str(reply.status)
+    if reply.status >= 400 and not step.http_layer and step.shape == "anthropic":
+        return None if is_anthropic_error(reply.body) else f"{reply.status} not Anthropic-shaped"
     if reply.status >= 400 and not step.http_layer and not is_openai_error(reply.body):
         return f"{reply.status} not OpenAI-shaped"
     if reply.status == 200 and step.stream and not reply.body.endswith(SSE_DONE):
         return "stream without [DONE]"
     return None
+
+
+def is_anthropic_error(body: bytes) -> bool:
+    """Anthropic's `{"type": "error", "error": {"type", "message"}}` (the Messages dialect's errors)."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    return (parsed.get("type") == "error" and isinstance(error, dict) and isinstance(error.get("type"), str)
+            and isinstance(error.get("message"), str))
 
 
 def is_openai_error(body: bytes) -> bool:

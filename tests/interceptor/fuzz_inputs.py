@@ -18,7 +18,8 @@ from tests.interceptor.fuzz_values import (
     DEPTHS,
     HEADERS,
     HTTP_LAYER_AUTH,
-    HTTP_LAYER_HEADERS,
+    PART_TYPE_LABELS,
+    PART_TYPES,
     RAW_BODIES,
     RAW_LABELS,
     Source,
@@ -37,6 +38,7 @@ __all__ = [
     "admin_case",
     "any_case",
     "chat_case",
+    "dialect_case",
     "junk_case",
     "models_case",
     "nesting_case",
@@ -55,6 +57,7 @@ class Step:
     stream: bool = False  # a 200 answer is an SSE stream
     http_layer: bool = False  # aiohttp's HTTP parser answers before the app (plain-text 400): no shape check
     headers: tuple[tuple[str, bytes], ...] = ()  # more headers, sent as given (Content-Type defaults to JSON)
+    shape: str = "openai"  # the error shape of the route's dialect: "openai", or "anthropic" (Messages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,10 +358,86 @@ def junk_case(src: Source) -> Case:
     if kind == "headers":
         name = src.choice(tuple(HEADERS))
         raw, headers = HEADERS[name](encode(body))
-        step = Step("chat", "POST", _CHAT, "secret", raw, headers=headers, http_layer=name in HTTP_LAYER_HEADERS)
+        step = Step("chat", "POST", _CHAT, "secret", raw, headers=headers, stream=body.get("stream") is True)
         return Case(f"headers.{name}", (step,))
     rid = src.choice(_PATH_IDS[1:])
     return Case(f"path.rid.{rid[:12]}", (_chat_step(body, path=f"/rollout/{rid}/v1/chat/completions"),))
+
+
+# Each dialect's turn route, its error shape, and a valid body with every kind of content part or block it takes,
+# each one's type given by `t` (text parts, tool results, a system block, an assistant turn with a tool call).
+_DIALECTS: dict[str, tuple[str, str, dict[str, Callable[[object], dict]]]] = {
+    "chat": ("/rollout/{rid}/v1/chat/completions", "openai", {
+        "user_part": lambda t: {"messages": [{"role": "user", "content": [{"type": t, "text": "hi"}]}]},
+        "system_part": lambda t: {"messages": [{"role": "system", "content": [{"type": t, "text": "be brief"}]},
+                                               {"role": "user", "content": "hi"}]},
+        "tool_part": lambda t: {"messages": [
+            {"role": "user", "content": "go"}, {"role": "assistant", "content": None, "tool_calls": [dict(_CALL)]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": t, "text": "done"}]}]},
+        "tool_call_type": lambda t: {"messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "", "tool_calls": [{**_CALL, "type": t}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"}]},
+        "tool_type": lambda t: {"messages": [{"role": "user", "content": "hi"}],
+                                "tools": [{**_TOOL, "type": t}]},
+    }),
+    "messages": ("/rollout/{rid}/v1/messages", "anthropic", {
+        "user_block": lambda t: {"messages": [{"role": "user", "content": [{"type": t, "text": "hi"}]}]},
+        "system_block": lambda t: {"system": [{"type": t, "text": "be brief"}],
+                                   "messages": [{"role": "user", "content": "hi"}]},
+        "assistant_block": lambda t: {"messages": [
+            {"role": "user", "content": "go"}, {"role": "assistant", "content": [{"type": t, "text": "ok"}]},
+            {"role": "user", "content": "and?"}]},
+        "tool_result_block": lambda t: {"messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": t, "text": "done"}]}]}]},
+        "tool_type": lambda t: {"messages": [{"role": "user", "content": "hi"}],
+                                "tools": [{"type": t, "name": "bash", "input_schema": {"type": "object"}}]},
+        "tool_choice_type": lambda t: {"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": t}},
+    }),
+    "responses": ("/rollout/{rid}/v1/responses", "openai", {
+        "input_part": lambda t: {"input": [{"role": "user", "content": [{"type": t, "text": "hi"}]}]},
+        "assistant_part": lambda t: {"input": [
+            {"role": "user", "content": "go"},
+            {"type": "message", "role": "assistant", "content": [{"type": t, "text": "ok"}]},
+            {"role": "user", "content": "and?"}]},
+        "function_call_output_part": lambda t: {"input": [
+            {"role": "user", "content": "go"},
+            {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [{"type": t, "text": "done"}]}]},
+        "item_type": lambda t: {"input": [{"type": t, "role": "user", "content": "hi"}]},
+        "reasoning_part": lambda t: {"input": [
+            {"role": "user", "content": "go"}, {"type": "reasoning", "summary": [{"type": t, "text": "think"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+            {"role": "user", "content": "and?"}]},
+        "tool_type": lambda t: {"input": "hi", "tools": [{"type": t, "name": "bash", "parameters": {}}]},
+    }),
+}
+
+
+# the place and type of a valid body in each dialect, sent with every Content-Encoding header
+_VALID_PART = {"chat": ("user_part", "text"), "messages": ("user_block", "text"),
+               "responses": ("input_part", "input_text")}
+
+
+def dialect_case(src: Source) -> Case:
+    """Each dialect's turn: a content part's or block's `type` that is not a string the dialect knows, or a valid
+    body with a Content-Encoding header of every kind. A 4xx must be in the dialect's own error shape."""
+    dialect = src.choice(tuple(_DIALECTS))
+    path, shape, places = _DIALECTS[dialect]
+    base = {"model": "policy", "max_output_tokens" if dialect == "responses" else "max_tokens": 16}
+    if src.choice(("part_type", "part_type", "encoding")) == "encoding":
+        name = src.choice(tuple(HEADERS))
+        valid = places[_VALID_PART[dialect][0]](_VALID_PART[dialect][1])
+        raw, headers = HEADERS[name](encode({**base, **valid}))
+        return Case(f"{dialect}.headers.{name}", (Step(dialect, "POST", path, "secret", raw, headers=headers,
+                                                       shape=shape),))
+    place = src.choice(tuple(places))
+    label = src.choice(PART_TYPE_LABELS)
+    body = {**base, **places[place](PART_TYPES[label])}
+    return Case(f"{dialect}.{place}.type={label}", (Step(dialect, "POST", path, "secret", encode(body), shape=shape),))
 
 
 def http_layer_case(src: Source) -> Case:
@@ -371,7 +450,8 @@ def http_layer_case(src: Source) -> Case:
 
 # family -> (generator, weight) for a mixed load
 FAMILIES: dict[str, tuple[Callable[[Source], Case], int]] = {
-    "chat": (chat_case, 55),
+    "chat": (chat_case, 50),
+    "dialects": (dialect_case, 10),
     "junk": (junk_case, 12),
     "tools": (tools_case, 10),
     "models": (models_case, 5),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import gzip
 import random
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -21,7 +22,8 @@ __all__ = [
     "DEPTHS",
     "HEADERS",
     "HTTP_LAYER_AUTH",
-    "HTTP_LAYER_HEADERS",
+    "PART_TYPES",
+    "PART_TYPE_LABELS",
     "RAW_BODIES",
     "RAW_LABELS",
     "RandomSource",
@@ -200,14 +202,37 @@ HEADERS: dict[str, Callable[[bytes], tuple[bytes, tuple[tuple[str, bytes], ...]]
     "br_junk": lambda b: (b, (("Content-Encoding", b"br"),)),
     "unknown_encoding": lambda b: (b, (("Content-Encoding", b"x-fancy"),)),
     "gzip_bomb": lambda b: (_gzip_bomb(), (("Content-Encoding", b"gzip"),)),
+    "gzip_empty": lambda b: (b"", (("Content-Encoding", b"gzip"),)),
+    "gzip_then_br": lambda b: (gzip.compress(b), (("Content-Encoding", b"gzip, br"),)),
+    "deflate_valid": lambda b: (zlib.compress(b), (("Content-Encoding", b"deflate"),)),
+    "identity": lambda b: (b, (("Content-Encoding", b"identity"),)),
+    "zstd": lambda b: (b, (("Content-Encoding", b"zstd"),)),
+    "encoding_not_ascii": lambda b: (b, (("Content-Encoding", "gzïp".encode()),)),
     "text_plain": lambda b: (b, (("Content-Type", b"text/plain"),)),
     "form": lambda b: (b, (("Content-Type", b"application/x-www-form-urlencoded"),)),
     "charset_latin1": lambda b: (b, (("Content-Type", b"application/json; charset=latin-1"),)),
     "expect_continue": lambda b: (b, (("Expect", b"100-continue"),)),
     "duplicate_authorization": lambda b: (b, (("Authorization", b"Bearer second"),)),
 }
-# aiohttp's parser refuses an encoding it has no decoder for (brotli without the Brotli package) in plain text
-HTTP_LAYER_HEADERS = frozenset({"br_junk"})
+
+# `type` values for content parts and blocks that name nothing the dialect knows: JSON of every other kind (a list or
+# an object once made the Responses dialect answer 500: it looked the type up in a set) and other dialects' names.
+PART_TYPES: dict[str, object] = {
+    "empty_list": [],
+    "list_of_a_name": ["text"],
+    "nested_list": [[]],
+    "empty_object": {},
+    "object_with_a_type": {"type": "text"},
+    "null": None,
+    "true": True,
+    "zero": 0,
+    "float": 1.5,
+    "empty_string": "",
+    "chat_name": "image_url",
+    "messages_name": "tool_result",
+    "responses_name": "output_text",
+}
+PART_TYPE_LABELS = tuple(PART_TYPES)
 
 
 @functools.cache

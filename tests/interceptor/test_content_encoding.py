@@ -25,7 +25,8 @@ MAX_BODY = 64 * 1024
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": "policy", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": "policy", "input": "hi"}
-DIALECTS = {"chat": ("chat/completions", CHAT), "messages": ("messages", MESSAGES), "responses": ("responses", RESPONSES)}
+DIALECTS = {"chat": ("chat/completions", CHAT), "messages": ("messages", MESSAGES),
+            "responses": ("responses", RESPONSES)}
 
 # name -> (body from a valid JSON body, Content-Encoding, status)
 ENCODINGS = {
@@ -60,7 +61,8 @@ def _request(path: str, body: bytes, secret: str, encoding: str | None = None) -
 
 async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in head[1:] if line)}
+    fields = (line.partition(":") for line in head[1:] if line)
+    headers = {name.strip().lower(): value.strip() for name, _, value in fields}
     return int(head[0].split(" ")[1]), headers, await reader.readexactly(int(headers["content-length"]))
 
 
@@ -86,7 +88,8 @@ async def test_a_bad_content_encoding_is_a_4xx_in_shape_and_the_connection_serve
     good = orjson.dumps({**body, "stream": False, "temperature": 0.5})  # another turn: not a retry of the first
     reader, writer = await asyncio.open_connection("127.0.0.1", server._port)
     try:
-        writer.write(_request(path, make(orjson.dumps(body)), handle.secret, encoding) + _request(path, good, handle.secret))
+        writer.write(_request(path, make(orjson.dumps(body)), handle.secret, encoding)
+                     + _request(path, good, handle.secret))
         status, headers, answer = await asyncio.wait_for(_answer(reader), 30)
         next_status, next_headers, next_answer = await asyncio.wait_for(_answer(reader), 30)
     finally:

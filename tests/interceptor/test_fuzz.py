@@ -1,9 +1,10 @@
 """Property: whatever a client sends, the server answers with an OpenAI-shaped 4xx or a success, never a 5xx.
 
 Hypothesis draws requests from `fuzz_inputs` (wrong types in every field, deep nesting, huge and negative numbers,
-invalid JSON and UTF-8, odd Authorization headers and paths) and sends them byte for byte to one real
+invalid JSON and UTF-8, odd Authorization and Content-Encoding headers and paths, content part types of every JSON
+kind in the three dialects) and sends them byte for byte to one real
 `InterceptionServer` (interception_gate, over the scripted upstream, which never fails unless told: so a 5xx is
-the input's fault). Every answer is checked: status < 500, a 4xx in OpenAI's error shape, a 200 stream ending with
+the input's fault). Every answer is checked: status < 500, a 4xx in its dialect's error shape, a 200 stream ending with
 `[DONE]`. Values nested around orjson's depth limit are tried in every place the server keeps them, at every
 depth near the edge. Afterwards a healthy rollout still completes its turns and `/health` answers.
 
@@ -33,6 +34,7 @@ from tests.interceptor.fuzz_inputs import (
     Step,
     admin_case,
     chat_case,
+    dialect_case,
     junk_case,
     models_case,
     nesting_cases,
@@ -180,6 +182,15 @@ def test_chat_requests_with_wrong_types_and_sizes_never_get_a_5xx(served, client
 @given(data=st.data())
 def test_junk_bodies_headers_and_paths_on_the_chat_route_never_get_a_5xx(served, client, data):
     check(served, client, junk_case, data)
+
+
+@fuzz_settings(examples=150)
+@given(data=st.data())
+def test_content_part_types_and_content_encodings_in_every_dialect_never_get_a_5xx(served, client, data):
+    """A content part's or block's `type` of any JSON kind, and bodies with good and bad Content-Encoding headers
+    (gzip and deflate that do not inflate, brotli, zstd, unknown codings), on the chat, Messages and Responses
+    routes: a 4xx in that dialect's shape, never a 5xx."""
+    check(served, client, dialect_case, data)
 
 
 @fuzz_settings(examples=50)
