@@ -7,6 +7,8 @@ network), and rewrites that base URL to the loopback address the bridge listens 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from . import netbridge
 from .errors import AgentConfigError
 from .sandbox import LocalSandbox, LocalSandboxConfig
@@ -25,6 +27,7 @@ class BridgedSandbox(LocalSandbox):
         self.endpoint = endpoint
         self.network = network  # open: the host's network, for a task that says so
         self._bridges: netbridge.BridgeSet | None = None
+        self.warm_paths: tuple[Path, ...] = ()  # host paths a warm spare is made to see besides the backend's own
 
     def _open_bridges(self) -> None:
         """Called once the sandbox's directory exists (the sockets live in it)."""
@@ -55,8 +58,22 @@ class BridgedSandbox(LocalSandbox):
         assert self._bridges is not None, "the sandbox is not entered"
         return endpoint[1], str(await self._bridges.socket_for(netbridge.host_target(*endpoint)))
 
+    def _template(self) -> AgentLaunch:
+        """A warm spare is made for the sandbox's `warm_paths` (what agents run from), besides its own view."""
+        return AgentLaunch(argv=("(warm)",), env={}, cwd=self.workspace, host_paths=self.warm_paths)
+
     def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
-        return self._endpoint(launch) == self._endpoint(made_for)
+        """The same endpoint, and every host path the launch runs from in the spare's view of the host already
+        (a mount namespace or a container cannot take more once started): otherwise the run starts cold."""
+        if self._endpoint(launch) != self._endpoint(made_for):
+            return False
+        seen = self._host_view(made_for)
+        return all(any(p.is_relative_to(v) for v in seen) or p.is_relative_to(self.root)
+                   for p in (Path(q).resolve() for q in launch.host_paths) if p.exists())
+
+    def _host_view(self, launch: AgentLaunch) -> list[Path]:
+        """The host paths a process started for `launch` sees, read-only (the backend's binds or mounts)."""
+        raise NotImplementedError
 
     def _agent_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
         if self._endpoint(launch) is not None and "OPENAI_BASE_URL" in env:

@@ -155,16 +155,8 @@ class DockerSandbox(BridgedSandbox):
         self._open_bridges()
         return entered
 
-    def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
-        """A spare's container has its mounts already: a launch needing other host paths starts cold."""
-        if not super()._fits(launch, made_for):
-            return False
-        mounted = self._mounts_for(made_for)
-        return all(any(p.is_relative_to(m) for m in mounted) or p.is_relative_to(self.root)
-                   for p in (Path(q).resolve() for q in launch.host_paths) if p.exists())
-
-    def _template(self) -> AgentLaunch:
-        return AgentLaunch(argv=("(warm)",), env={}, cwd=self.workspace, host_paths=self.warm_paths)
+    def _host_view(self, launch: AgentLaunch) -> list[Path]:
+        return self._mounts_for(launch)
 
     def _program(self, launch: AgentLaunch, env: dict[str, str]) -> list[str] | None:
         if clash := set(launch.env) & set(_CLIENT_ENV):

@@ -127,7 +127,7 @@ class NamespaceSandbox(BridgedSandbox):
                 raise AgentConfigError(f"parent_dir {parent} would hide {needed} from the sandbox: use a dedicated one")
         super().__init__(dataclasses.replace(config, parent_dir=parent), endpoint=endpoint, network=network)
         self.bwrap = bwrap
-        self.warm_paths = tuple(Path(p).resolve() for p in warm_paths)
+        self.warm_paths = tuple(Path(p).resolve() for p in warm_paths)  # read by `BridgedSandbox._template`
         needed = _runs_from()
         self.hidden = tuple(
             h for h in (Path(p).resolve() for p in hidden) if not any(n.is_relative_to(h) for n in needed)
@@ -160,16 +160,8 @@ class NamespaceSandbox(BridgedSandbox):
                 hits.update(await asyncio.to_thread(cgroup.events))
                 await asyncio.to_thread(cgroup.remove)
 
-    def _template(self) -> AgentLaunch:
-        return AgentLaunch(argv=("(warm)",), env={}, cwd=self.workspace, host_paths=self.warm_paths)
-
-    def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
-        """A spare's namespace has its binds already: a launch needing other host paths starts cold."""
-        if not super()._fits(launch, made_for):
-            return False
-        bound = self._binds(made_for)
-        return all(any(p.is_relative_to(b) for b in bound) or p.is_relative_to(self.root)
-                   for p in (Path(q).resolve() for q in launch.host_paths) if p.exists())
+    def _host_view(self, launch: AgentLaunch) -> list[Path]:
+        return self._binds(launch)
 
     def _binds(self, launch: AgentLaunch) -> list[Path]:
         """The host paths bound read-only for `launch`, parents before children, none inside another or inside the
