@@ -49,7 +49,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
 
     async def open_rollout(request: web.Request) -> web.Response:
         authorize(request)
-        raw = await read_body(request, limit=server.config.max_body_bytes)
+        raw = await read_body(request, server.body_limits)
         body = parse_json_body(raw) if raw.strip() else {}
         unknown = set(body) - {"sampling", "metadata"}
         if unknown:
@@ -97,7 +97,7 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
 
     async def finish_rollout(request: web.Request) -> web.Response:
         authorize(request)
-        raw = await read_body(request, limit=server.config.max_body_bytes)
+        raw = await read_body(request, server.body_limits)
         body = parse_json_body(raw) if raw.strip() else {}
         unknown = set(body) - {"status", "failure", "reward", "accept_upstream_failures"}
         if unknown:

@@ -129,6 +129,10 @@ class ServerConfig:
     max_model_len: int | None = None  # discovered from the upstream's /v1/models when None
     default_max_tokens: int = 2048  # when neither the rollout nor the agent sets one
     max_body_bytes: int = 16 * 1024 * 1024  # ~4M tokens of text: far past any context window, and bounded
+    # Request bodies still arriving, all connections together (`body_budget.py`): past it a request gets a 503 and
+    # its connection closed. A 100k-token turn's body is ~0.5 MB and arrives in one read on loopback.
+    max_pending_body_bytes: int = 128 * 1024 * 1024
+    body_timeout_s: float = 60.0  # a body aiohttp reads must be whole by then (408); the lane's idle timer is its own
     # A stream's status is held back this long for the answer (so a failure is still an HTTP status the SDK
     # retries); past it, headers go out and an SSE comment every `keepalive_s` keeps the connection open.
     stream_hold_s: float = 60.0
@@ -152,3 +156,7 @@ class ServerConfig:
             raise ConfigError("interception_gate needs model_dir (the tokenizer and chat template)")
         if self.keepalive_s <= 0 or self.stream_hold_s < 0:
             raise ConfigError("keepalive_s must be positive and stream_hold_s not negative")
+        if self.max_pending_body_bytes < self.max_body_bytes:
+            raise ConfigError("max_pending_body_bytes must hold at least one body of max_body_bytes")
+        if self.body_timeout_s <= 0:
+            raise ConfigError("body_timeout_s must be positive")

@@ -25,7 +25,9 @@ __all__ = [
     "ContextLengthExceeded",
     "ErrorShape",
     "NotFound",
+    "Overloaded",
     "PayloadTooLarge",
+    "RequestTimeout",
     "Unauthorized",
     "UnsupportedMediaType",
     "UpstreamError",
@@ -121,6 +123,22 @@ class WorkerUnavailable(ApiError):
     status = 503
     type = "server_error"
     code = "worker_unavailable"
+
+
+class Overloaded(ApiError):
+    """The server's own limit, not the upstream's: request bodies in flight past `max_pending_body_bytes`."""
+
+    status = 503
+    type = "server_error"
+    code = "overloaded"
+
+
+class RequestTimeout(ApiError):
+    """A request's body did not arrive whole within `body_timeout_s`."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class UpstreamTimeout(UpstreamError):

@@ -43,6 +43,9 @@ from http import HTTPStatus
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from .body_budget import BodyBudget
+from .errors import Overloaded
+
 __all__ = ["Handler", "Lane", "LaneReply", "LaneRequest", "LaneStream"]
 
 log = logging.getLogger("interceptor.lane")
@@ -133,11 +136,12 @@ class _Date:
 
 class Lane:
     def __init__(self, fallback: Callable[[], asyncio.Protocol], *, take: Take, on_error: OnError,
-                 max_body_bytes: int, keepalive_s: float = 75.0) -> None:
+                 max_body_bytes: int, keepalive_s: float = 75.0, budget: BodyBudget | None = None) -> None:
         self._fallback = fallback  # aiohttp's server: makes the protocol a handed-over connection continues with
         self._take = take
         self._on_error = on_error
         self._max_body = max_body_bytes
+        self._budget = budget  # what bodies still arriving may hold, with aiohttp's (`body_budget.py`)
         self._keepalive_s = keepalive_s
         self._date = _Date()
         self._connections: set[_LaneConnection] = set()
@@ -179,7 +183,8 @@ class Lane:
 
 
 class _LaneConnection(asyncio.Protocol):
-    __slots__ = ("lane", "transport", "buffer", "consumed", "task", "stream", "paused", "idle", "closing", "eof")
+    __slots__ = ("lane", "transport", "buffer", "consumed", "task", "stream", "paused", "idle", "closing", "eof",
+                 "reserved")
 
     def __init__(self, lane: Lane) -> None:
         self.lane = lane
@@ -192,6 +197,7 @@ class _LaneConnection(asyncio.Protocol):
         self.idle: asyncio.TimerHandle | None = None
         self.closing = False  # answer this request, then close (Connection: close, or the client's EOF)
         self.eof = False
+        self.reserved = 0  # the declared length of a body still arriving, held in the lane's budget
 
     # ------------------------------------------------------------------------------------ transport events
 
@@ -206,6 +212,7 @@ class _LaneConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lane._connections.discard(self)
         self._disarm_idle()
+        self._release()
         self.transport = None  # a handler in progress runs on; its answer is dropped
 
     def eof_received(self) -> bool:
@@ -238,12 +245,36 @@ class _LaneConnection(asyncio.Protocol):
             self._hand_over()
             return
         method, path, headers, length, handler, params = parsed
-        if len(buffer) < end + 4 + length:
-            return  # the body is still coming
+        if len(buffer) < end + 4 + length:  # the body is still coming: it holds its length of the budget meanwhile
+            budget = self.lane._budget
+            if not self.reserved and budget is not None:
+                if not budget.take(length):
+                    self._refuse(LaneRequest(method, path, headers, b"", params, self), Overloaded(budget.refusal(length)),
+                                 end + 4)
+                    return
+                self.reserved = length
+            return
+        self._release()
         request = LaneRequest(method, path, headers, bytes(buffer[end + 4:end + 4 + length]), params, self)
         self._disarm_idle()
         self.consumed = end + 4 + length
         self.task = asyncio.get_running_loop().create_task(self._serve(handler, request))
+
+    def _release(self) -> None:
+        if self.reserved:
+            self.lane._budget.give(self.reserved)
+            self.reserved = 0
+
+    def _refuse(self, request: LaneRequest, error: Exception, consumed: int) -> None:
+        """Answer `error` in the route's own shape without reading the body, then close the connection."""
+        self._disarm_idle()
+        self.closing = True
+        self.consumed = consumed
+
+        async def refuse(_: LaneRequest) -> LaneReply:
+            raise error
+
+        self.task = asyncio.get_running_loop().create_task(self._serve(refuse, request))
 
     def _read_head(self, head: bytes):
         request_line, _, fields = head.partition(b"\r\n")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
     from .server import InterceptionServer
@@ -77,6 +77,12 @@ class _State:
         yield GaugeMetricFamily("interceptor_live_rollouts", "Rollouts open.", value=len(live))
         yield GaugeMetricFamily("interceptor_requests_in_flight", "Chat calls being answered.",
                                 value=sum(r.in_flight for r in live))
+        budget = server.body_limits.budget
+        if budget is not None:
+            yield GaugeMetricFamily("interceptor_pending_body_bytes", "Declared bytes of request bodies still arriving.",
+                                    value=budget.held)
+            yield CounterMetricFamily("interceptor_body_budget_refused", "Requests refused (503) for bodies in flight "
+                                      "past max_pending_body_bytes.", value=budget.refused)
         policy = server.policy
         if policy is not None:
             yield GaugeMetricFamily("interceptor_policy_version", "The policy version turns are stamped with.",

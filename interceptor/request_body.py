@@ -1,7 +1,10 @@
 """A request's body as every handler reads it: its `Content-Encoding` undone here, once, for aiohttp and the fast
 lane alike.
 
-    raw = await read_body(request, limit=config.max_body_bytes)   # web.Request or LaneRequest
+    raw = await read_body(request, server.body_limits)   # web.Request or LaneRequest; BodyLimits
+
+The body limits are the server's (`BodyLimits`): its largest body, and for a body aiohttp reads (the lane has read
+its own whole before its handler runs) the budget of bodies in flight (`body_budget.py`) and a time to arrive in.
 
 aiohttp's own decoding is off (`auto_decompress=False`, server.py), because it failed outside the app: a gzip or
 deflate body that did not inflate raised inside its parser (logged as an unhandled error, the keep-alive connection
@@ -14,17 +17,21 @@ HTTP's framing, not the coding's), so the connection goes on to the next request
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import zlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from .body_budget import BodyBudget
+from .errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+
+from aiohttp import web
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from .lane import LaneRequest
 
-__all__ = ["decoded", "read_body"]
+__all__ = ["BodyLimits", "decoded", "read_body"]
 
 # zlib's window bits for each coding undone here: gzip's header and trailer (31), zlib's for deflate (15, which is
 # what HTTP's "deflate" means; raw deflate, which some clients send under that name, is tried when it fails)
@@ -32,11 +39,33 @@ _WBITS = {"gzip": 31, "x-gzip": 31, "deflate": 15}
 _RAW_DEFLATE = -15
 
 
-async def read_body(request: web.Request | LaneRequest, *, limit: int) -> bytes:
-    """The body with its content codings undone, at most `limit` bytes once inflated."""
-    raw = await request.read()
+@dataclass(frozen=True, kw_only=True)
+class BodyLimits:
+    max_bytes: int  # once inflated
+    budget: BodyBudget | None = None  # what bodies still arriving may hold, all connections together
+    timeout_s: float | None = None  # for a body aiohttp reads to arrive whole
+
+
+async def read_body(request: web.Request | LaneRequest, limits: BodyLimits) -> bytes:
+    """The body with its content codings undone, at most `limits.max_bytes` bytes once inflated."""
+    raw = await _received(request, limits)
     coding = request.headers.get("Content-Encoding")
-    return raw if coding is None else decoded(raw, coding, limit=limit)
+    return raw if coding is None else decoded(raw, coding, limit=limits.max_bytes)
+
+
+async def _received(request: web.Request | LaneRequest, limits: BodyLimits) -> bytes:
+    if (not isinstance(request, web.Request) or not request.can_read_body or request.content.is_eof()
+            or limits.budget is None):
+        return await request.read()  # the lane's, or one already here whole (nothing in flight), or none
+    length = request.content_length
+    holding = limits.budget.holding(limits.max_bytes if length is None else length)  # chunked: up to the limit
+    waiting = asyncio.timeout(limits.timeout_s) if limits.timeout_s is not None else contextlib.nullcontext()
+    try:
+        with holding:
+            async with waiting:
+                return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"the request's body did not arrive whole within {limits.timeout_s:g} s") from None
 
 
 def decoded(raw: bytes, coding: str, *, limit: int) -> bytes:

@@ -31,7 +31,7 @@ def add_rollout_routes(app: web.Application, server: InterceptionServer) -> None
         server.authorize(request, dialect=MESSAGES)
         if server.policy is None:
             raise BadRequest("count_tokens needs the policy's tokenizer: it is answered in interception_gate mode")
-        chat = MESSAGES.parse_for_count(parse_json_body(await read_body(request, limit=server.config.max_body_bytes)))
+        chat = MESSAGES.parse_for_count(parse_json_body(await read_body(request, server.body_limits)))
         # as JSON, made and dropped chunk by chunk in the thread: no list of every id comes back to the loop to free
         ids = await asyncio.to_thread(server.policy.renderer.render_full_json, chat.messages, chat.tools)
         return json_response({"input_tokens": ids.count})
@@ -49,7 +49,7 @@ def add_rollout_routes(app: web.Application, server: InterceptionServer) -> None
         host_tool = server.host_tools.get(name)
         if host_tool is None:
             raise NotFound(f"no host tool {name!r}; this rollout has {sorted(server.host_tools)}")
-        raw = await read_body(request, limit=server.config.max_body_bytes)
+        raw = await read_body(request, server.body_limits)
         body = parse_json_body(raw) if raw.strip() else {}
         ensure_serialisable(body, "body")  # it is recorded: nothing that parses may make the record unwritable
         rollout.note("tool_call", tool=name)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .admin import add_admin_routes
+from .body_budget import BodyBudget
 from .config import SamplingSettings, ServerConfig
 from .dialects import Dialect, error_for
 from .dialects.chat import CHAT
@@ -47,6 +48,7 @@ from .lane_routes import LaneRoutes, from_aiohttp
 from .journal import Journal, journal_segments, recover_journal
 from .record_lock import hold_record_file
 from .records import Failure, RolloutRecord, RolloutStatus
+from .request_body import BodyLimits
 from .recorder import Recorder
 from .rendering import Renderer, RendererConfig
 from .rollout_routes import add_rollout_routes
@@ -116,6 +118,10 @@ class InterceptionServer:
         self._stack = AsyncExitStack()
         self._port: int | None = None
         self.lane: Lane | None = None  # the fast lane (`lane.py`), when `config.fast_lane`
+        # What every handler reads a body within: its size, the budget of bodies in flight (shared with the lane),
+        # and the time one may take to arrive (`request_body.py`, `body_budget.py`)
+        self.body_limits = BodyLimits(max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s,
+                                      budget=BodyBudget(limit_bytes=config.max_pending_body_bytes))
 
     # ------------------------------------------------------------------------------------------ lifetime
 
@@ -165,7 +171,7 @@ class InterceptionServer:
         if self.config.fast_lane:  # the gate's turns and the JSON routes off the socket, the rest aiohttp's
             self.lane = await Lane.start(runner.server, host=self.config.host, port=self.config.port,
                                          take=self._lane_routes(app, turns).take, on_error=lane_error,
-                                         max_body_bytes=self.config.max_body_bytes)
+                                         max_body_bytes=self.config.max_body_bytes, budget=self.body_limits.budget)
             self._stack.push_async_callback(self.lane.aclose, self.config.shutdown_grace_s)
             self._port = self.lane.port
         else:

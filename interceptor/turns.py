@@ -57,7 +57,7 @@ class Turns:
         server = self._server
         rollout = server.authorize(request, dialect=dialect)
         with self._in_flight(rollout, dialect):
-            raw = await read_body(request, limit=server.config.max_body_bytes)
+            raw = await read_body(request, server.body_limits)
             if server.policy is None:
                 return await self._relay(request, rollout, dialect, raw)
             answer = await self._gate(request, rollout, dialect, raw, functools.partial(open_aiohttp_stream, request))
@@ -82,7 +82,7 @@ class Turns:
         """A gate turn, answered as `_turn` answers it: in one piece, or as events."""
         rollout = self._server.authorize(request, dialect=dialect)
         with self._in_flight(rollout, dialect):
-            raw = await read_body(request, limit=self._server.config.max_body_bytes)
+            raw = await read_body(request, self._server.body_limits)
             answer = await self._gate(request, rollout, dialect, raw,
                                       functools.partial(request.open_stream, 200, SSE_HEADERS))
         if not isinstance(answer, _Reply):
