@@ -61,7 +61,9 @@ class CommandAgent:
             cwd=rollout.workspace,
             stdin=rollout.instruction.encode() if self.instruction_on_stdin else None,
             secrets=(rollout.secret,),
-            host_paths=(*program_paths(argv[0]), *_host_files(argv[1:])),
+            # the files the spec's own argv names, not what a placeholder became: an instruction naming a host file
+            # (a task file) must not get that file bound into the box
+            host_paths=(*program_paths(argv[0]), *_host_files(self.argv[1:])),
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import stat
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -246,3 +247,15 @@ def test_invalid_spec_settings_are_refused():
         PiAgent(context_window=1024, max_tokens=2048)
     with pytest.raises(AgentConfigError):
         OpenCodeAgent(provider="a/b")
+
+
+def test_a_command_agents_instruction_naming_a_host_file_does_not_get_it_bound_into_the_box(tmp_path, rollout):
+    """The script the spec's argv names is what the box runs from; a task file the instruction names is not."""
+    script = tmp_path / "agent.py"
+    script.write_text("")
+    task_file = tmp_path / "tasks.jsonl"
+    task_file.write_text('{"grader": {"expected": "7"}}\n')
+    launch = CommandAgent(argv=(sys.executable, str(script), "{instruction}")).prepare(
+        replace(rollout, instruction=str(task_file)))
+    assert launch.argv[-1] == str(task_file)  # the agent is told the path ...
+    assert script.resolve() in launch.host_paths and task_file.resolve() not in launch.host_paths  # ... not given it
