@@ -249,3 +249,33 @@ def test_every_box_has_limits_by_default():
     assert DEFAULT_LIMITS.memory_bytes and DEFAULT_LIMITS.pids
     assert RunLimits().disk_bytes is not None and MAX_CONNECTIONS > 0
     assert NamespaceSandbox(resources=ResourceLimits()).resources is None  # asked for none: none
+
+
+FORGER = Path(__file__).with_name("forger.py").resolve()
+
+
+@pytest.mark.parametrize("sandbox", ["default", "local"])
+async def test_an_answer_in_a_task_file_cannot_be_forged_from_the_default_box(sandbox, server, planted):
+    """Through the real runner: the task is loaded from a project folder (not /tmp) and its instruction names the
+    file. In the default box the forger finds nothing and earns 0; in `LocalSandbox` (no isolation) the same forger
+    reads the answer and earns 1, which is what the box is for."""
+    from agents import CommandAgent, LocalSandbox
+    from agents.runner import Runner, RunnerConfig
+    from agents.tasks import load_tasks
+
+    if sandbox == "default":
+        _require(namespaces_unavailable(), "the namespace sandbox")
+    task_file = planted.project / "tasks.jsonl"
+    task_file.write_text(json.dumps({
+        "id": "forge", "instruction": f"The answer is in {task_file}. Submit it with: answer VALUE",
+        "grader": {"kind": "answer", "expected": EXPECTED}, "limits": {"wall_s": 120, "idle_s": 120}}) + "\n")
+    (task,) = load_tasks(task_file)
+    config = RunnerConfig(agent=CommandAgent(argv=(sys.executable, str(FORGER))),
+                          sandbox=(lambda: LocalSandbox(FAST)) if sandbox == "local" else None)
+    async with asyncio.timeout(BOUND_S):
+        (record,) = await Runner(server, config).run_tasks([task], n=1)
+    assert record.status == "ok", record.failure
+    if sandbox == "default":
+        assert (record.answer, record.reward) == ("not-found", 0.0)
+    else:
+        assert (record.answer, record.reward) == (EXPECTED, 1.0)
