@@ -128,6 +128,7 @@ class Rollout:
     upstream_failures: int = 0
     trailing_upstream_failures: int = 0  # since the last chat call that succeeded: a run that ends here failed
     last_upstream_error: str = ""
+    server_error: str = ""  # a defect of the server's on one of its turns (a 500): the rollout cannot be trusted
     # request fingerprint -> that turn's tries, for SDK retries
     attempts: dict[int, Attempts] = field(default_factory=dict)  # oldest first (an OrderedDict is 3x the size)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the trajectory is planned or committed
@@ -178,9 +179,15 @@ class Rollout:
         self.trailing_upstream_failures += 1
         self.last_upstream_error = message
 
+    def server_failed(self, message: str) -> None:
+        self.server_error = self.server_error or message  # the first one: what came after may follow from it
+
     @property
     def failure(self) -> Failure | None:
-        """The failure this rollout would be finished with now: its last chat call failed upstream."""
+        """The failure this rollout would be finished with now: a turn the server failed on (whatever came after:
+        what it recorded of that turn cannot be trusted), or its last chat call failed upstream."""
+        if self.server_error:
+            return Failure(cause="server", message=f"a chat call failed inside the server: {self.server_error}")
         if self.trailing_upstream_failures:
             return Failure(
                 cause="upstream",

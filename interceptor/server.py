@@ -340,7 +340,7 @@ class InterceptionServer:
         try:
             fault = rollout.failure
             if fault is not None and status == "ok" and failure is None:
-                if accept_upstream_failures:
+                if accept_upstream_failures and fault.cause == "upstream":
                     rollout.note("upstream_failures_accepted", reason=accept_upstream_failures,
                                  failure=fault.message)
                 else:

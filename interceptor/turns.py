@@ -24,7 +24,7 @@ from aiohttp import web
 
 from .body_cache import BodyCache, ParsedBody
 from .dialects import Dialect, error_for
-from .errors import error_answer, json_response
+from .errors import ApiError, error_answer, json_response
 from .gate import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, run_turn
 from .incoming import read_request, unseen_part
 from .lane import LaneReply, LaneRequest, LaneStream
@@ -112,6 +112,11 @@ class Turns:
         try:
             yield
             self._server.metrics.turns.labels(self._server.config.mode, dialect.name).inc()
+        except (ApiError, web.HTTPException, ConnectionError):
+            raise  # the client's fault or the upstream's (counted where raised), or the client went away
+        except Exception as exc:  # a defect (a 500): no reward may follow from a turn the server got wrong
+            rollout.server_failed(f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             rollout.in_flight -= 1
             rollout.last_activity = time.monotonic()

@@ -8,7 +8,7 @@ import pytest
 from interceptor import InterceptionServer, read_records
 from tests.faults.agent import chat, finish, rollout_status
 from tests.faults.conftest import gate_config
-from tests.faults.scenario import assert_only_good_turns, conversation, request
+from tests.faults.scenario import GOOD_TEXT, assert_only_good_turns, conversation, request
 from tests.faults.upstream import Reply, Status
 
 WHY = "the grader checks the files the agent wrote, not its chat"
@@ -82,3 +82,28 @@ async def test_a_rollout_that_recovers_from_a_failed_turn_can_be_rewarded(upstre
     [on_disk] = read_records(record_path)
     assert on_disk.status == "ok" and on_disk.reward == 1.0
     assert [s.completion_tokens for s in on_disk.samples] == [len(upstream.calls[-1].token_ids)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_turn_the_server_fails_on_keeps_the_rollout_from_a_reward_even_after_good_turns(
+    stream, upstream, tiny_model_dir, tmp_path, http
+):
+    """A defect inside the server (here: its renderer gone mid-run) answers a 500; the agent goes on and its later
+    turns succeed, but what the server recorded around the broken turn cannot be trusted: the rollout is finished
+    `failed` with cause `server` whatever the driver asks, and accepting upstream failures does not change that."""
+    record_path = tmp_path / "rollouts.jsonl"
+    async with InterceptionServer(gate_config(upstream.url, tiny_model_dir, record_path)) as server:
+        handle = server.open_rollout()
+        messages = await conversation(http, handle, upstream, turn="later_turn", stream=stream)
+        renderer, server.policy.renderer = server.policy.renderer, None  # the defect
+        broken = await chat(http, handle.base_url, handle.secret, body=request(messages, stream))
+        server.policy.renderer = renderer
+        assert broken.status == 500, broken.raw
+        upstream.then = Reply(text=GOOD_TEXT)
+        again = await chat(http, handle.base_url, handle.secret, body=request(messages, stream))
+        assert again.status == 200, again.raw
+        record = (await server.finish_rollout(handle.id, reward=1.0, accept_upstream_failures=WHY)).to_json_dict()
+    assert record["status"] == "failed" and record["reward"] is None, record
+    assert record["failure"]["cause"] == "server" and "AttributeError" in record["failure"]["message"], record
+    [on_disk] = read_records(record_path)
+    assert on_disk.failure.cause == "server" and on_disk.reward is None
