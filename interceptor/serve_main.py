@@ -81,5 +81,9 @@ def run_serve_from_args(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # the user's to fix: the reason, not a traceback
         print(f"interceptor serve: error: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(config, Path(args.admin_token_file) if args.admin_token_file else None, args.workers))
+    try:
+        asyncio.run(_serve(config, Path(args.admin_token_file) if args.admin_token_file else None, args.workers))
+    except ConfigError as exc:  # found while starting (the record file another server holds): the same, no traceback
+        print(f"interceptor serve: error: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -181,8 +181,10 @@ async def test_a_second_serve_process_on_the_same_record_file_exits_naming_the_f
             with pytest.raises(AssertionError) as refused:  # it exits without listening; its stderr is the message
                 async with launch():
                     pass
-            assert (f"ConfigError: another server (pid {first.process.pid}) is writing the record file "
-                    f"{record_path}") in str(refused.value)
+            said = str(refused.value)
+            assert (f"interceptor serve: error: another server (pid {first.process.pid}) is writing the record "
+                    f"file {record_path}") in said
+            assert "Traceback" not in said  # the reason, not a traceback
             await conversation.turn(session)
             record = await first.finish_rollout(session, conversation.rollout["id"], reward=1.0)
             assert await first.terminate() == 0, first.stderr_tail()
