@@ -27,6 +27,19 @@ def tool_model_dir(tmp_path_factory) -> Path:
     return ensure_local_model(tmp_path_factory.mktemp("models") / "tool-calling")
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct, imported through the command line as a user would (`make-model smollm2`)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("models") / "smollm2"
+    done = subprocess.run([sys.executable, "-m", "interceptor.cli", "make-model", "smollm2", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 @pytest.fixture
 async def scripted(tiny_model_dir) -> ScriptedUpstream:
     async with ScriptedUpstream(tiny_model_dir) as upstream:

@@ -76,3 +76,18 @@ async def test_samples_through_the_server_are_what_vllm_conditioned_on(vllm_serv
 async def test_samples_through_the_server_are_what_the_local_engine_conditioned_on(tiny_model_dir):
     async with LocalEngine(EngineConfig(model=tiny_model_dir, port=0, served_model_name="tiny")) as engine:
         await run_and_check(engine.base_url, tiny_model_dir, "tiny")
+
+
+@pytest.mark.vllm
+async def test_samples_from_the_real_smollm2_are_what_vllm_conditioned_on(smollm2_dir, tmp_path):
+    """The same proof on a real pretrained model (SmolLM2-135M-Instruct, `make-model smollm2`), served by its own
+    vLLM: its tokenizer and tool template through the gate, its sampled tokens scored where it sampled them."""
+    from tests.vllm_server import require_vllm_python, start_vllm
+
+    async with start_vllm(smollm2_dir, python=require_vllm_python(), log_dir=tmp_path) as server:
+        await run_and_check(server.base_url, smollm2_dir, str(smollm2_dir))
+
+
+async def test_samples_from_the_real_smollm2_are_what_the_local_engine_conditioned_on(smollm2_dir):
+    async with LocalEngine(EngineConfig(model=smollm2_dir, port=0, served_model_name="smollm2")) as engine:
+        await run_and_check(engine.base_url, smollm2_dir, "smollm2")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,16 +21,6 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a
                                            "parameters": {"type": "object",
                                                           "properties": {"command": {"type": "string"}},
                                                           "required": ["command"]}}}]
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory) -> Path:
-    """Built once through the command line, as a user would."""
-    out = tmp_path_factory.mktemp("models") / "smollm2"
-    done = subprocess.run([sys.executable, "-m", "interceptor.cli", "make-model", "smollm2", str(out)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
 
 
 def test_the_checkpoint_is_a_plain_llama_whose_logits_are_the_gguf_models(smollm2_dir):
