@@ -98,3 +98,30 @@ async def test_nccl_weight_sync_builds_trls_own_client(tiny_model_dir, tmp_path)
                              weight_sync="nccl")
         with pytest.raises(ImportError, match="vLLM is required to use WeightTransferClient"):
             await train(config)
+
+
+async def test_two_grpo_steps_on_the_real_smollm2_change_its_weights_through_a_real_agent(smollm2_dir, tmp_path):
+    """The pretrained model (`make-model smollm2`) in the same loop: an OpenAI-SDK agent's rollouts through the gate
+    and the local engine, two GRPO steps, the new weights synced to the engine each step. The trained weights differ
+    from the imported ones, and the first step's samples, drawn with the weights the trainer then held, score the
+    same in the trainer as in the engine (fp32 on both sides)."""
+    from safetensors.torch import load_file
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({
+        "id": "parity", "instruction": "Say anything.",
+        "grader": {"kind": "python", "callable": "tests.trainer.parity_task:grade"},
+        "limits": {"wall_s": 120, "idle_s": 60},
+    }) + "\n")
+    config = TrainConfig(tasks=tasks, model=smollm2_dir, agent="command",
+                         command=f"{sys.executable} {Path(__file__).with_name('parity_task.py')}", out=tmp_path / "run",
+                         max_tokens=8, num_generations=4, samples_per_step=4, max_steps=2, learning_rate=1e-4,
+                         concurrency=4)
+    result = await train(config)
+
+    assert result.engine_weight_version >= 3 and result.samples
+    before, after = load_file(smollm2_dir / "model.safetensors"), load_file(config.out / "final" / "model.safetensors")
+    assert before.keys() == after.keys() and any(not before[k].equal(after[k]) for k in before)
+    lines = [json.loads(line) for line in (config.out / "metrics.jsonl").read_text().splitlines()]
+    first = next(line for line in lines if "logprob_gap/mean" in line)
+    assert first["logprob_gap/mean"] < 1e-3, first
