@@ -196,13 +196,13 @@ class NamespaceSandbox(BridgedSandbox):
             "--hostname", "sandbox",
             # An empty root with the allow-list bound read-only: no `--ro-bind / /`, which left every host Unix socket
             # connectable (a read-only mount does not stop connect()) and every host file readable.
-            *[arg for path in binds for arg in _bind_args(path)],
+            *[arg for path in binds if not path.is_relative_to("/tmp") for arg in _bind_args(path)],
             *[arg for link, target in self._links() for arg in ("--symlink", target, link)],
             "--proc", "/proc",
             "--dev", "/dev",
             "--tmpfs", "/tmp",
             "--tmpfs", "/var/tmp",
-            # what the sandbox runs from, when it lives under /tmp (a clone, a venv), read-only again
+            # what lives under /tmp (a clone, a venv) is bound once /tmp is the box's own
             *[arg for path in binds if path.is_relative_to("/tmp") for arg in _bind_args(path)],
             *[arg for path in self.hidden if any(path.is_relative_to(b) for b in binds)
               for arg in ("--tmpfs", str(path))],  # e.g. a record directory inside an allowed tree

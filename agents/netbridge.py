@@ -211,9 +211,10 @@ def _framing(head: bytes) -> int | str | None:
         return None if lengths else "chunked"
     if not lengths:
         return 0
-    if len(lengths) > 1 or not lengths.copy().pop().isdigit():
+    if len(lengths) > 1:
         return None
-    return int(lengths.pop())
+    (length,) = lengths
+    return int(length) if length.isdigit() else None
 
 
 async def _copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framing: int | str) -> None:

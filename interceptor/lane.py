@@ -249,8 +249,8 @@ class _LaneConnection(asyncio.Protocol):
             budget = self.lane._budget
             if not self.reserved and budget is not None:
                 if not budget.take(length):
-                    self._refuse(LaneRequest(method, path, headers, b"", params, self), Overloaded(budget.refusal(length)),
-                                 end + 4)
+                    request = LaneRequest(method, path, headers, b"", params, self)
+                    self._refuse(request, Overloaded(budget.refusal(length)))
                     return
                 self.reserved = length
             return
@@ -265,16 +265,11 @@ class _LaneConnection(asyncio.Protocol):
             self.lane._budget.give(self.reserved)
             self.reserved = 0
 
-    def _refuse(self, request: LaneRequest, error: Exception, consumed: int) -> None:
-        """Answer `error` in the route's own shape without reading the body, then close the connection."""
-        self._disarm_idle()
+    def _refuse(self, request: LaneRequest, error: Exception) -> None:
+        """Answer `error` in the route's own shape without reading the body, and close (the answer is sent first)."""
         self.closing = True
-        self.consumed = consumed
-
-        async def refuse(_: LaneRequest) -> LaneReply:
-            raise error
-
-        self.task = asyncio.get_running_loop().create_task(self._serve(refuse, request))
+        self._write(self.lane._on_error(request, error))
+        self.close()
 
     def _read_head(self, head: bytes):
         request_line, _, fields = head.partition(b"\r\n")

@@ -23,10 +23,10 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aiohttp import web
+
 from .body_budget import BodyBudget
 from .errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
-
-from aiohttp import web
 
 if TYPE_CHECKING:
     from .lane import LaneRequest

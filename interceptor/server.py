@@ -118,8 +118,7 @@ class InterceptionServer:
         self._stack = AsyncExitStack()
         self._port: int | None = None
         self.lane: Lane | None = None  # the fast lane (`lane.py`), when `config.fast_lane`
-        # What every handler reads a body within: its size, the budget of bodies in flight (shared with the lane),
-        # and the time one may take to arrive (`request_body.py`, `body_budget.py`)
+        # Every handler reads a body within these; the budget of bodies in flight is the lane's too (`request_body.py`)
         self.body_limits = BodyLimits(max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s,
                                       budget=BodyBudget(limit_bytes=config.max_pending_body_bytes))
 
