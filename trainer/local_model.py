@@ -125,11 +125,12 @@ async def _end(child: asyncio.subprocess.Process) -> None:
 
 
 def _servable(model_dir: Path) -> bool:
-    """A finished model built here (of any kind), or a model of the user's own."""
+    """A finished model built here (random, trained to call tools, or imported by `make-model`; a marker without a
+    kind is what an older version left when killed mid-training), or a model of the user's own."""
     built = read_built_model(model_dir)
-    if built is not None and built.kind in ("random", "tool-calling"):
-        return True
-    return built is None and (model_dir / "config.json").is_file()
+    if built is not None:
+        return built.kind in ("random", "tool-calling", "imported")
+    return (model_dir / "config.json").is_file()
 
 
 def make_local_model(

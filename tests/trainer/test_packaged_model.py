@@ -81,3 +81,17 @@ def test_a_directory_it_did_not_write_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2 and "refusing to overwrite" in done.stderr
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def test_local_serving_takes_the_imported_model_as_it_is(smollm2_dir):
+    """`--upstream local --model DIR` on an imported model serves it: it is never rebuilt into the tiny default."""
+    from trainer.local_model import ensure_local_model
+    from trainer.tiny_model import MARKER
+
+    marker, weights = (smollm2_dir / MARKER).read_bytes(), (smollm2_dir / "model.safetensors").stat()
+
+    assert ensure_local_model(smollm2_dir) == smollm2_dir
+
+    assert (smollm2_dir / MARKER).read_bytes() == marker and read_built_model(smollm2_dir).kind == "imported"
+    after = (smollm2_dir / "model.safetensors").stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (weights.st_ino, weights.st_size, weights.st_mtime_ns)

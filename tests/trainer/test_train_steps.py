@@ -120,6 +120,8 @@ async def test_two_grpo_steps_on_the_real_smollm2_change_its_weights_through_a_r
     result = await train(config)
 
     assert result.engine_weight_version >= 3 and result.samples
+    trained = json.loads((config.out / "final" / "config.json").read_text())
+    assert (trained["model_type"], trained["vocab_size"]) == ("llama", 49152)  # SmolLM2 itself, not a stand-in
     before, after = load_file(smollm2_dir / "model.safetensors"), load_file(config.out / "final" / "model.safetensors")
     assert before.keys() == after.keys() and any(not before[k].equal(after[k]) for k in before)
     lines = [json.loads(line) for line in (config.out / "metrics.jsonl").read_text().splitlines()]
