@@ -8,12 +8,18 @@ OpenCode every process the program spawns inherits it unless the program removes
 
 In `argv`, `{instruction}`, `{workspace}` and `{model}` are replaced (nothing else is: other braces stay as they
 are). The instruction is also written to stdin unless `instruction_on_stdin=False`.
+
+`CommandAgent.from_command_line("python examples/agents/simple_agent.py --shots shots.json")` is what a command line
+means on this host: `python` is this interpreter and every argument naming an existing file becomes its absolute
+path, because the program runs in the rollout's workspace (inside a box that sees only what it is given).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +48,15 @@ class CommandAgent:
         clash = _RESERVED_ENV & set(self.env)
         if clash:
             raise AgentConfigError(f"env may not set {sorted(clash)}: they are the rollout's")
+
+    @classmethod
+    def from_command_line(cls, line: str) -> CommandAgent:
+        argv = shlex.split(line)
+        if not argv:
+            raise AgentConfigError("the command line is empty")
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        return cls(argv=tuple(str(Path(a).absolute()) if Path(a).is_file() else a for a in argv))
 
     def prepare(self, rollout: AgentRollout) -> AgentLaunch:
         if shutil.which(self.argv[0]) is None:

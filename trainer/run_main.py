@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
 import time
 from collections import Counter, defaultdict
@@ -50,7 +49,7 @@ def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
         return CodexAgent(context_window=context_window)
     if not args.command:
         raise SystemExit("--agent command needs --command 'program args...'")
-    return CommandAgent(argv=tuple(shlex.split(args.command)))
+    return CommandAgent.from_command_line(args.command)
 
 
 def _resources(args: argparse.Namespace) -> ResourceLimits | None:

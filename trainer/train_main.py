@@ -50,7 +50,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import sys
 import time
 import tomllib
@@ -146,18 +145,14 @@ class TrainResult:
     metrics_path: Path
 
 
-def _agent_spec(config: TrainConfig, *, context_window: int):
+def agent_spec(config: TrainConfig, *, context_window: int):
     from agents import CommandAgent, OpenCodeAgent, PiAgent
 
     if config.agent == "pi":
         return PiAgent(context_window=context_window, max_tokens=config.max_tokens)
     if config.agent == "opencode":
         return OpenCodeAgent(context_window=context_window, max_tokens=config.max_tokens)
-    argv = shlex.split(config.command)
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable  # the agent runs in its own workspace: use this interpreter, by absolute path
-    argv = [str(Path(a).resolve()) if a.endswith(".py") and Path(a).is_file() else a for a in argv]
-    return CommandAgent(argv=tuple(argv))
+    return CommandAgent.from_command_line(config.command)
 
 
 def _log_callback(metrics_path: Path, rewards: dict[int, float]):
@@ -214,7 +209,7 @@ async def train(config: TrainConfig) -> TrainResult:
 
     def runner_config(server) -> RunnerConfig:
         return RunnerConfig(
-            agent=_agent_spec(config, context_window=server.policy.max_model_len),
+            agent=agent_spec(config, context_window=server.policy.max_model_len),
             # The trainer scores at temperature `temperature` with no top-k/top-p: sample the same way.
             sampling=SamplingSettings(temperature=config.temperature, max_tokens=config.max_tokens),
             concurrency=config.concurrency,

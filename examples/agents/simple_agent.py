@@ -4,6 +4,10 @@ It reads the task on stdin, offers the model one tool, `bash` (argument `command
 directory, sends the output back, and stops when the model answers without a tool call or after --max-turns.
 It reads OPENAI_BASE_URL, OPENAI_API_KEY and OPENAI_MODEL like any OpenAI SDK program, and removes them from the
 environment of the commands it runs, so the model's credential never reaches them.
+
+`--shots FILE` puts worked examples before the task: a JSON list of OpenAI chat messages (user turns, assistant
+turns with `tool_calls`, tool results), sent as the start of every request's history, as few-shot prompting does.
+`interceptor make-tasks` writes one for each task family.
 """
 
 from __future__ import annotations
@@ -47,10 +51,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--shots", help="a JSON file: worked examples (chat messages) put before the task")
     args = parser.parse_args()
+    shots = json.loads(open(args.shots, encoding="utf-8").read()) if args.shots else []
+    if not isinstance(shots, list) or not all(isinstance(m, dict) and "role" in m for m in shots):
+        parser.error("--shots must hold a JSON list of chat messages")
     client = OpenAI()  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
     model = os.environ.get("OPENAI_MODEL", "policy")
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": sys.stdin.read().strip()}]
+    messages = [{"role": "system", "content": SYSTEM}, *shots, {"role": "user", "content": sys.stdin.read().strip()}]
     for _ in range(args.max_turns):
         reply = client.chat.completions.create(
             model=model, messages=messages, tools=TOOLS, max_tokens=args.max_tokens
