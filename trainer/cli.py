@@ -1,5 +1,5 @@
 """The subcommands the trainer package adds to the `interceptor` command line: make-tiny-model, make-model, engine,
-run, train and demo.
+run, train, make-tasks, evaluate, replay and demo.
 
 Registered through the `interceptor.commands` entry point (pyproject.toml). Each handler imports torch-backed modules
 only when it runs, so registering these commands keeps `interceptor serve` and `interceptor inspect` light.
@@ -82,6 +82,26 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo_from_args(args)
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from .learning.evaluate import run_evaluate_from_args
+
+    return run_evaluate_from_args(args)
+
+
+def _make_tasks(args: argparse.Namespace) -> int:
+    from .learning.families import write_family
+
+    try:
+        described = write_family(args.family, args.out, seed=args.seed, train=args.train, held_out=args.held_out,
+                                 shots=args.shots)
+    except (OSError, ValueError) as exc:
+        print(f"interceptor make-tasks: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {described['train']} training and {described['held_out']} held-out {args.family} tasks "
+          f"(seed {args.seed}) and {described['shots']} worked examples to {args.out}")
+    return 0
+
+
 def _replay(args: argparse.Namespace) -> int:
     from .replay import run_replay_from_args
 
@@ -133,6 +153,23 @@ def register(commands: CommandRegistry) -> None:
     train.add_argument("--config", required=True, help="a TOML file (see trainer/train_main.py)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a key of the config file (the value is read as TOML); repeatable")
+
+    from .learning.families import FAMILIES
+
+    tasks = commands.add("make-tasks", _make_tasks, "generate a task family's training and held-out splits (no shared "
+                                                    "instance) and worked examples, from a seed")
+    tasks.add_argument("family", choices=sorted(FAMILIES))
+    tasks.add_argument("out")
+    tasks.add_argument("--seed", type=int, default=0)
+    tasks.add_argument("--train", type=int, default=200, help="training tasks")
+    tasks.add_argument("--held-out", type=int, default=100, help="held-out tasks")
+    tasks.add_argument("--shots", type=int, default=3, help="worked examples for the few-shot agent")
+
+    from .learning.evaluate import add_evaluate_arguments
+
+    evaluate = commands.add("evaluate", _evaluate, "a checkpoint's held-out success rate with its Wilson interval, "
+                                                   "through the training config's agent; writes JSON and a plot")
+    add_evaluate_arguments(evaluate)
 
     replay = commands.add("replay", _replay, "run an agent again against a recorded rollout, with no model: did it "
                                              "match turn for turn, and where did it diverge")

@@ -1,0 +1,103 @@
+"""Measuring learning: task families whose training and held-out splits share no instance, and `interceptor
+evaluate`, a checkpoint's held-out success rate with its Wilson interval, measured through a real agent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.tasks import load_tasks
+from trainer.learning.evaluate import wilson
+from trainer.learning.families import FAMILIES, write_family
+
+AGENT = Path(__file__).resolve().parents[2] / "examples" / "agents" / "simple_agent.py"
+
+
+def test_wilson_intervals_match_the_textbook_values():
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson(57, 200) == pytest.approx((0.2270, 0.3512), abs=1e-4)
+    with pytest.raises(ValueError):
+        wilson(3, 2)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_family_splits_share_no_instance_and_are_the_same_for_a_seed(name, tmp_path):
+    first = write_family(name, tmp_path / "a", seed=7, train=60, held_out=30)
+    write_family(name, tmp_path / "b", seed=7, train=60, held_out=30)
+    write_family(name, tmp_path / "c", seed=8, train=60, held_out=30)
+
+    train, held_out = load_tasks(tmp_path / "a" / "train.jsonl"), load_tasks(tmp_path / "a" / "held_out.jsonl")
+    assert (len(train), len(held_out)) == (60, 30) and first["family"] == name
+    instance = {t.id: (t.instruction, tuple(sorted(t.files.items())), t.grader.expected) for t in train + held_out}
+    assert not {instance[t.id] for t in train} & {instance[t.id] for t in held_out}
+    shots = json.loads((tmp_path / "a" / "shots.json").read_text())
+    shown = [m["content"] for m in shots if m["role"] == "user"]
+    assert len(shown) == 3 and not set(shown) & {t.instruction for t in train + held_out if name != "lookup"}
+    for split in ("train.jsonl", "held_out.jsonl", "shots.json"):
+        assert (tmp_path / "a" / split).read_bytes() == (tmp_path / "b" / split).read_bytes()
+    assert (tmp_path / "a" / "held_out.jsonl").read_bytes() != (tmp_path / "c" / "held_out.jsonl").read_bytes()
+    assert all(t.grader.kind == "answer" for t in train + held_out)
+
+
+def test_a_family_asked_for_more_than_it_holds_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="at most"):
+        write_family("add", tmp_path, seed=0, train=4000, held_out=100)
+    with pytest.raises(ValueError, match="unknown family"):
+        write_family("chess", tmp_path, seed=0, train=1, held_out=1)
+
+
+def _evaluate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "interceptor.cli", "evaluate", *args],
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_evaluate_measures_a_real_model_through_the_agent_and_keeps_one_entry_per_label(smollm2_dir, tmp_path):
+    """The real SmolLM2 through the few-shot OpenAI-SDK agent on two held-out `submit` tasks, twice each: every
+    rollout graded on the host, the rate and interval computed from the records, the entry kept under its label."""
+    write_family("submit", tmp_path / "tasks", seed=3, train=4, held_out=2)
+    config = tmp_path / "train.toml"
+    config.write_text(
+        f'model = "{smollm2_dir}"\nupstream = "local"\nagent = "command"\n'
+        f'command = "{sys.executable} {AGENT} --shots {tmp_path / "tasks" / "shots.json"} --max-turns 2"\n'
+        f'tasks = "{tmp_path / "tasks" / "train.jsonl"}"\nmax_tokens = 40\nconcurrency = 4\n'
+    )
+    out = tmp_path / "eval"
+    args = ("--config", str(config), "--tasks", str(tmp_path / "tasks" / "held_out.jsonl"), "--model",
+            str(smollm2_dir), "-k", "2", "--out", str(out))
+    done = _evaluate(*args, "--label", "before")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    [entry] = json.loads((out / "eval.json").read_text())
+    records = [json.loads(line) for line in (out / "before" / "rollouts.jsonl").read_text().splitlines()]
+    graded = [r for r in records if r["status"] == "ok" and r["reward"] is not None]
+    assert entry["label"] == "before" and entry["rollouts"] == len(records) == 4
+    assert entry["graded"] == len(graded) and entry["graded"] + sum(entry["failed"].values()) == 4
+    assert entry["successes"] == sum(r["reward"] >= 1 for r in graded)
+    assert entry["ci95"] == list(wilson(entry["successes"], entry["graded"]))
+    assert all(r["samples"] for r in graded)  # each one went through the gate, token by token
+    assert f"before: {entry['successes']}/{entry['graded']}" in done.stdout
+
+    crashing = ("--set", f'command="{sys.executable} -c \'import sys; sys.exit(3)\'"')
+    assert _evaluate(*args, "--label", "crashing", *crashing).returncode == 0
+    assert _evaluate(*args, "--label", "crashing", *crashing, "-k", "1").returncode == 0
+    entries = json.loads((out / "eval.json").read_text())
+    assert [e["label"] for e in entries] == ["before", "crashing"]  # a label measured again is replaced
+    crashed = entries[1]
+    assert (crashed["rollouts"], crashed["graded"], crashed["rate"], crashed["failed"]) == (2, 0, None, {"agent": 2})
+
+
+def test_evaluate_refuses_what_it_cannot_measure(tmp_path):
+    config = tmp_path / "train.toml"
+    config.write_text('tasks = "t.jsonl"\n')
+    done = _evaluate("--config", str(config), "--tasks", "t.jsonl", "--model", str(tmp_path / "none"), "--out",
+                     str(tmp_path / "out"))
+    assert done.returncode == 2 and "is not a model directory" in done.stderr
+    done = _evaluate("--config", str(config), "--tasks", "t.jsonl", "--model", str(tmp_path), "-k", "0",
+                     "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "-k must be at least 1" in done.stderr
