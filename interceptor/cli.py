@@ -179,6 +179,8 @@ def _register_own(commands: CommandRegistry) -> None:
                               "INTERCEPTOR_UPSTREAM_API_KEY")
     rescore.add_argument("--model", help="the served model name (default: the first one /v1/models lists)")
     rescore.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+    rescore.add_argument("--policy-version", type=int, metavar="N",
+                         help="only samples that policy version N sampled (a training run's records hold several)")
     # None: RescoreConfig's default, stated once there
     rescore.add_argument("--concurrency", type=_positive, metavar="N", help="requests in flight at once")
     rescore.add_argument("--timeout", type=float, metavar="SECONDS", help="the most one sample's scoring may take")

@@ -66,6 +66,9 @@ class RescoreConfig:
     concurrency: int = 4  # requests in flight at once
     timeout_s: float = 600.0  # one sample's scoring: long, since a CPU policy server is slow on long prompts
     worst: int = 10  # how many of the largest gaps the report lists
+    # only samples every turn of which this policy version sampled (a training run's records hold many versions;
+    # the server holds one); None: every sample
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -77,6 +80,8 @@ class RescoreConfig:
             raise ConfigError(f"timeout_s must be positive, not {self.timeout_s}")
         if self.worst < 0:
             raise ConfigError(f"worst must not be negative, not {self.worst}")
+        if self.policy_version is not None and self.policy_version < 0:
+            raise ConfigError(f"policy_version must not be negative, not {self.policy_version}")
 
     @property
     def root(self) -> str:
@@ -154,9 +159,12 @@ class RescoreReport:
 
 async def rescore(records: Iterable[RolloutRecord], config: RescoreConfig) -> RescoreReport:
     """Score every sample of `records` that has sampled tokens on `config.upstream`; see the module docstring."""
-    samples = [(r.rollout_id, s) for r in records for s in r.samples if s.completion_tokens]
+    version = config.policy_version
+    samples = [(r.rollout_id, s) for r in records for s in r.samples if s.completion_tokens
+               and (version is None or all(t.policy_version == version for t in s.turns))]
     if not samples:
-        raise RescoreError("the records hold no sample with sampled tokens: nothing to rescore")
+        at = "" if version is None else f" sampled at policy version {version}"
+        raise RescoreError(f"the records hold no sample with sampled tokens{at}: nothing to rescore")
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     connector = aiohttp.TCPConnector(limit=config.concurrency)
     async with aiohttp.ClientSession(headers=headers, connector=connector) as http:
@@ -347,7 +355,7 @@ def _stats_row(name: str, samples: str, stats: GapStats) -> str:
 def run_rescore_from_args(args: argparse.Namespace) -> int:
     """0: the report was printed; 1: the server failed; 2: the inputs are not usable."""
     try:
-        given = {"concurrency": args.concurrency, "timeout_s": args.timeout}
+        given = {"concurrency": args.concurrency, "timeout_s": args.timeout, "policy_version": args.policy_version}
         config = RescoreConfig(upstream=args.upstream, model=args.model, api_key=os.environ.get(API_KEY_ENV) or None,
                                **{name: value for name, value in given.items() if value is not None})
         records = _read(Path(args.records))

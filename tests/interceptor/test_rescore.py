@@ -87,6 +87,26 @@ async def test_the_same_weights_score_the_recorded_tokens_to_rounding(tiny_model
     assert report.worst and report.worst[0].gap == report.overall.max
 
 
+async def test_a_policy_version_rescores_only_the_samples_it_sampled(tiny_model_dir, records):
+    """A training run's records hold samples of several policy versions and the server holds one: `policy_version`
+    keeps the samples every turn of which that version sampled."""
+    import dataclasses
+
+    later = records[0]  # as if the engine had been given new weights before this rollout
+    relabelled = dataclasses.replace(later, samples=[
+        dataclasses.replace(s, turns=[dataclasses.replace(t, policy_version=1) for t in s.turns]) for s in later.samples
+    ])
+    mixed = [relabelled, *records[1:]]
+    async with LocalEngine(EngineConfig(model=tiny_model_dir, port=0, served_model_name="tiny")) as engine:
+        first = await rescore(mixed, RescoreConfig(upstream=engine.base_url, policy_version=0))
+        second = await rescore(mixed, RescoreConfig(upstream=engine.base_url, policy_version=1))
+        with pytest.raises(RescoreError, match="sampled at policy version 2"):
+            await rescore(mixed, RescoreConfig(upstream=engine.base_url, policy_version=2))
+    assert {r.rollout_id for r in first.rollouts} == {r.rollout_id for r in records[1:]}
+    assert first.overall.tokens == _sampled(records[1:])
+    assert [r.rollout_id for r in second.rollouts] == [later.rollout_id] and second.overall.tokens == _sampled([later])
+
+
 async def test_another_model_shows_a_large_gap_at_the_worst_positions(other_model_dir, records):
     async with LocalEngine(EngineConfig(model=other_model_dir, port=0, served_model_name="drifted")) as engine:
         report = await rescore(records, RescoreConfig(upstream=engine.base_url, model="drifted", worst=5))
