@@ -50,7 +50,7 @@ def _make_model(args: argparse.Namespace) -> int:
     from .tiny_model import ModelDirError
 
     try:
-        out = import_packaged_model(args.name, args.out, dtype=args.dtype)
+        out = import_packaged_model(args.name, args.out, dtype=args.dtype, untie=args.untie_embeddings)
     except (ModelDirError, PackagedModelMissing) as exc:
         print(f"interceptor make-model: error: {exc}", file=sys.stderr)
         return 2
@@ -114,6 +114,9 @@ def register(commands: CommandRegistry) -> None:
     real.add_argument("name", choices=("smollm2",))
     real.add_argument("out")
     real.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    real.add_argument("--untie-embeddings", action="store_true",
+                      help="give the output head its own copy of the embeddings (same logits): what training "
+                           "against vLLM by weight reload needs")
     tiny = commands.add("make-tiny-model", _make_tiny_model, "write a tiny random Qwen3 model directory (offline)")
     tiny.add_argument("out")
     tiny.add_argument("--real-vocab", action="store_true", help="use the real Qwen BPE vocabulary (151k tokens)")

@@ -124,9 +124,13 @@ def packaged_file(model: PackagedModel) -> Path:
     return path
 
 
-def import_packaged_model(name: str, out: Path | str, *, dtype: str = "float32") -> Path:
+def import_packaged_model(name: str, out: Path | str, *, dtype: str = "float32", untie: bool = False) -> Path:
     """Write `PACKAGED_MODELS[name]` to `out` as a checkpoint (safetensors in `dtype`, tokenizer, tool template).
-    `out` may be absent, empty or a model built here; anything else raises `ModelDirError`."""
+    `out` may be absent, empty or a model built here; anything else raises `ModelDirError`.
+
+    `untie`: the output head becomes a parameter of its own, a copy of the input embeddings (the same logits). vLLM
+    (0.31) reloads a tied output head wrong in place (`trainer.weight_sync.tied_reload_problem`), so a model trained
+    against vLLM by reload from disk must be untied."""
     import torch  # noqa: PLC0415  (the command line imports this module without torch)
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
     from trl.chat_template_utils import is_chat_template_prefix_preserving  # noqa: PLC0415
@@ -148,6 +152,9 @@ def import_packaged_model(name: str, out: Path | str, *, dtype: str = "float32")
         config.pop("_model_name_or_path", None)
         plain = LlamaForCausalLM(LlamaConfig(**{**config, "dtype": dtype}))
         plain.load_state_dict(loaded.state_dict())
+        if untie and plain.config.tie_word_embeddings:
+            plain.config.tie_word_embeddings = False
+            plain.lm_head.weight = torch.nn.Parameter(plain.model.embed_tokens.weight.detach().clone())
         plain.to(getattr(torch, dtype))
         plain.generation_config.eos_token_id = tokenizer.eos_token_id
         plain.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -157,7 +164,7 @@ def import_packaged_model(name: str, out: Path | str, *, dtype: str = "float32")
         record_built_model(work, BuiltModel(
             kind="imported",
             spec={"name": model.name, "source": f"{model.package}/{model.gguf_file}", "dtype": dtype,
-                  "license": model.license},
+                  "license": model.license, "untied": untie},
             vocab_size=plain.config.vocab_size,
         ))
     return out

@@ -24,6 +24,8 @@ The config file is TOML; every key is optional except `tasks`:
     attention = "auto"              # auto | fa3 | torch: TRL's FA3 kernel where it loads, else torch (trl_compat.py)
     dtype = "auto"                  # auto | float32 | bfloat16 | float16: bf16 on a CUDA GPU, fp32 on CPU
     allow_dtype_mismatch = false    # train even when the generator serves another dtype (precision.py)
+    allow_tied_reload = false       # reload weights into vLLM even when the model ties its embeddings, which vLLM
+                                    # 0.31 reloads wrong (weight_sync.TIED_RELOAD): refused unless set
     device = "auto"                 # the local engine's device: auto (cuda when present) | cpu | cuda | cuda:N
     weight_sync = "reload"          # reload | nccl: a vLLM upstream gets weights from disk, or by TRL's NCCL client
     fleet = ""                      # "ray": rollouts run on a Ray fleet, one interception node per Ray node
@@ -58,7 +60,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-__all__ = ["TrainConfig", "TrainResult", "run_train_from_args", "train"]
+__all__ = ["TiedReloadRefused", "TrainConfig", "TrainResult", "agent_spec", "run_train_from_args", "train"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +83,7 @@ class TrainConfig:
     attention: str = "auto"
     dtype: str = "auto"
     allow_dtype_mismatch: bool = False
+    allow_tied_reload: bool = False
     device: str = "auto"
     weight_sync: str = "reload"
     fleet: str = ""
@@ -135,6 +138,10 @@ class TrainConfig:
         return cls(**data)  # relative paths are relative to the working directory, as on a command line
 
 
+class TiedReloadRefused(ValueError):
+    """Weights would be reloaded into vLLM for a model with tied embeddings (`weight_sync.TIED_RELOAD`)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainResult:
     steps: int
@@ -187,7 +194,8 @@ async def train(config: TrainConfig) -> TrainResult:
     from .policy_stack import PolicyStack, StackConfig
     from .precision import DtypeMismatch, dtype_mismatch, generator_dtype, trainer_dtype
     from .trl_compat import CPU_CONFIG, apply_trl_compat, resolve_attention
-    from .weight_sync import FanOutTransfer, GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer
+    from .weight_sync import (FanOutTransfer, GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer,
+                              tied_reload_problem)
     from .worker import InterceptorRolloutWorker, WorkerConfig
 
     started = time.perf_counter()
@@ -231,6 +239,9 @@ async def train(config: TrainConfig) -> TrainResult:
             raise DtypeMismatch(mismatch + " (or set allow_dtype_mismatch = true)")
         if mismatch:
             print(f"warning: {mismatch}", flush=True)
+        if engine is None and config.weight_sync == "reload" and not config.allow_tied_reload:
+            if problem := tied_reload_problem(model_dir):
+                raise TiedReloadRefused(problem)
         groups = runner  # where groups run: this process's runner, or the fleet's nodes (the gate too)
         if config.fleet:
             from .fleet import Fleet, FleetConfig
@@ -341,10 +352,15 @@ def run_train_from_args(args: argparse.Namespace) -> int:
         return 2
     from .local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
 
+    from .precision import DtypeMismatch
+
     try:
         result = asyncio.run(train(config))
     except LOCAL_MODEL_ERRORS as exc:
         return local_model_error_exit("train", exc)
+    except (DtypeMismatch, TiedReloadRefused) as exc:
+        print(f"interceptor train: error: {exc}", file=sys.stderr)
+        return 2
     print(f"\n{result.steps} steps in {result.seconds:.0f}s; mean reward per step: "
           + " ".join(f"{r:.2f}" for r in result.reward_per_step))
     print(f"metrics: {result.metrics_path}; plot: {config.out / 'reward.png'}")

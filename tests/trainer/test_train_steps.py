@@ -127,3 +127,77 @@ async def test_two_grpo_steps_on_the_real_smollm2_change_its_weights_through_a_r
     lines = [json.loads(line) for line in (config.out / "metrics.jsonl").read_text().splitlines()]
     first = next(line for line in lines if "logprob_gap/mean" in line)
     assert first["logprob_gap/mean"] < 1e-3, first
+
+
+@pytest.mark.vllm
+async def test_two_grpo_steps_on_smollm2_served_by_vllm_reload_the_trained_weights_into_vllm(smollm2_dir, tmp_path):
+    """`interceptor train` against a real vLLM serving SmolLM2 (CPU, imported untied: see the test below): after
+    each step the trainer's weights reach vLLM by /pause -> reload_weights -> /resume (`ReloadFromDiskTransfer`),
+    every sync timed; rollouts after the first sync are sampled by the new weights, and at the end vLLM serves the
+    trained policy: its logprobs of a recorded sample are the saved final model's (teacher forced, fp32), not the
+    imported model's."""
+    import subprocess
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.e2e.test_token_exact_real_policy import prompt_logprobs
+    from tests.vllm_server import require_vllm_python, start_vllm
+
+    untied = tmp_path / "smollm2-untied"
+    done = subprocess.run([sys.executable, "-m", "interceptor.cli", "make-model", "smollm2", str(untied),
+                           "--untie-embeddings"], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tasks = _parity_tasks(tmp_path)
+    async with start_vllm(untied, python=require_vllm_python(), log_dir=tmp_path) as server:
+        config = TrainConfig(tasks=tasks, model=untied, upstream=server.base_url, agent="command",
+                             command=f"{sys.executable} {Path(__file__).with_name('parity_task.py')}",
+                             out=tmp_path / "run", max_tokens=8, num_generations=4, samples_per_step=4, max_steps=2,
+                             learning_rate=1e-4, concurrency=4)
+        await train(config)
+        records = read_records(config.out / "rollouts.jsonl")
+        sample = next(s for r in records for s in r.samples if any(s.completion_mask))
+        served = await prompt_logprobs(server.base_url, str(untied), sample.input_ids)
+
+    lines = [json.loads(line) for line in (config.out / "metrics.jsonl").read_text().splitlines()]
+    syncs = [line["perf/weight_sync_s"] for line in lines if "perf/weight_sync_s" in line]
+    assert syncs and all(seconds > 0 for seconds in syncs)
+    assert max(t.policy_version for r in records for s in r.samples for t in s.turns) >= 1
+
+    ids = torch.tensor([sample.input_ids])
+
+    def scored(model_dir: Path) -> list[float]:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        with torch.inference_mode():
+            logprobs = model(input_ids=ids).logits[0].float().log_softmax(-1)
+        return [float(logprobs[i - 1, token]) for i, token in enumerate(sample.input_ids) if i]
+
+    final, imported = scored(config.out / "final"), scored(untied)
+    assert scored(smollm2_dir) == pytest.approx(imported, abs=1e-5)  # untied, the imported model is the same model
+    assert served[1:] == pytest.approx(final, abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(served[1:], imported, strict=True)) > 1e-3
+
+
+async def test_reloading_a_model_with_tied_embeddings_into_a_policy_server_is_refused(smollm2_dir, tmp_path):
+    """vLLM (0.31) reloads a tied output head wrong in place (`weight_sync.TIED_RELOAD`): training SmolLM2 as
+    imported (tied) against a policy server by reload is refused before any step, and the command says how to go
+    on. Checked against the local engine over HTTP, which takes the same reload calls."""
+    from trainer.engine import EngineConfig, LocalEngine
+    from trainer.train_main import TiedReloadRefused
+
+    async with LocalEngine(EngineConfig(model=smollm2_dir, port=0)) as engine:
+        config = TrainConfig(tasks=_parity_tasks(tmp_path), model=smollm2_dir, upstream=engine.base_url,
+                             out=tmp_path / "run", agent="command", command=f"{sys.executable} -c pass")
+        with pytest.raises(TiedReloadRefused, match="ties its word embeddings.*--untie-embeddings"):
+            await train(config)
+    assert not (config.out / "metrics.jsonl").exists()  # no step was taken
+
+
+def _parity_tasks(tmp_path: Path) -> Path:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({
+        "id": "parity", "instruction": "Say anything.",
+        "grader": {"kind": "python", "callable": "tests.trainer.parity_task:grade"},
+        "limits": {"wall_s": 120, "idle_s": 60},
+    }) + "\n")
+    return tasks
