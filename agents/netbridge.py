@@ -108,6 +108,10 @@ class UnixBridge:
                     group.create_task(_copy(upstream[0], writer))
             finally:
                 upstream[1].close()
+        except asyncio.CancelledError:
+            # Only `__aexit__` cancels a connection. Ended as cancelled, Python 3.11's start_unix_server logs the
+            # handler's CancelledError as an "Exception in callback" with a traceback: end it as returned instead.
+            return
         finally:
             self._connections.discard(task)
             writer.close()
