@@ -35,7 +35,7 @@ from interceptor.records import RolloutRecord
 
 from .policy_stack import PolicyStack, StackConfig
 
-__all__ = ["run_from_args", "summary_table"]
+__all__ = ["progress_printer", "run_from_args", "summary_table"]
 
 
 def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
@@ -77,7 +77,8 @@ def _sandbox(choice: str, server, resources: ResourceLimits | None):
     return None
 
 
-def _progress(total: int):
+def progress_printer(total: int):
+    """A runner's `on_finished`: one line per finished rollout, with a bar."""
     done = Counter()
     started = time.perf_counter()
 
@@ -149,7 +150,7 @@ async def run(args: argparse.Namespace) -> int:
             pool=PoolConfig(size=args.warm_pool),
         )
 
-    progress = _progress(len(tasks) * args.n)
+    progress = progress_printer(len(tasks) * args.n)
     async with PolicyStack(stack_config, runner=runner_config, runner_options={"on_finished": progress}) as stack:
         print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {stack.upstream.base_url} ({args.mode})",
               flush=True)

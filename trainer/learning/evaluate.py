@@ -77,6 +77,7 @@ async def evaluate(config, *, tasks: Path, model: Path, label: str, k: int, out:
     from interceptor import SamplingSettings
 
     from ..policy_stack import PolicyStack, StackConfig
+    from ..run_main import progress_printer
     from ..train_main import agent_spec
 
     if k < 1:
@@ -98,7 +99,8 @@ async def evaluate(config, *, tasks: Path, model: Path, label: str, k: int, out:
                             concurrency=config.concurrency)
 
     started = time.perf_counter()
-    async with PolicyStack(stack_config, runner=runner_config) as stack:
+    options = {"on_finished": progress_printer(len(held_out) * k)}
+    async with PolicyStack(stack_config, runner=runner_config, runner_options=options) as stack:
         records = await stack.runner.run_tasks(held_out, n=k)
     graded = [r for r in records if r.status == "ok" and r.reward is not None]
     rate = Rate(sum(r.reward >= success for r in graded), len(graded))
