@@ -101,3 +101,28 @@ def test_evaluate_refuses_what_it_cannot_measure(tmp_path):
     done = _evaluate("--config", str(config), "--tasks", "t.jsonl", "--model", str(tmp_path), "-k", "0",
                      "--out", str(tmp_path / "out"))
     assert done.returncode == 2 and "-k must be at least 1" in done.stderr
+
+
+def test_the_recipe_report_joins_the_steps_and_the_held_out_rates(tmp_path):
+    """`examples/train_smollm2_cpu/report.py` on a run's files: one row per step (the last log of a step wins), a
+    step's seconds as the sum of its parts, and each held-out entry with its interval."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "eval").mkdir()
+    rows = [{"step": 1, "loss": 0.1}, {"step": 1, "rollouts/reward_mean": 0.25, "logprob_gap/max": 3e-5,
+                                       "perf/rollout_wait_s": 10.0, "perf/fwd_bwd_s": 5.0, "perf/optimizer_s": 1.0,
+                                       "perf/weight_sync_s": 0.5},
+            {"step": 2, "rollouts/reward_mean": 0.75, "perf/fwd_bwd_s": 4.0}]
+    (tmp_path / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    entry = {"label": "before", "successes": 57, "graded": 200, "rate": 0.285, "ci95": list(wilson(57, 200)),
+             "failed": {}, "model": "m"}
+    (tmp_path / "eval" / "eval.json").write_text(json.dumps([entry]))
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_smollm2_cpu" / "report.py"
+
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          check=False)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [(s["step"], s["reward"], s["step_s"]) for s in report["steps"]] == [(1, 0.25, 16.5), (2, 0.75, 4.0)]
+    assert report["steps"][0]["gap_max"] == 3e-5 and report["held_out"][0]["ci95"] == entry["ci95"]
+    assert "held-out before: 57/200 = 0.285" in done.stdout and (tmp_path / "report.png").is_file()
