@@ -21,6 +21,8 @@ The config file is TOML; every key is optional except `tasks`:
     learning_rate = 1e-4
     max_staleness = 2
     concurrency = 4
+    max_empty_groups = 64           # groups in a row with no reward spread (nothing to learn) before the run stops
+                                    # early, saving the policy it has
     attention = "auto"              # auto | fa3 | torch: TRL's FA3 kernel where it loads, else torch (trl_compat.py)
     dtype = "auto"                  # auto | float32 | bfloat16 | float16: bf16 on a CUDA GPU, fp32 on CPU
     allow_dtype_mismatch = false    # train even when the generator serves another dtype (precision.py)
@@ -79,6 +81,7 @@ class TrainConfig:
     learning_rate: float = 1e-4
     max_staleness: int = 2
     concurrency: int = 4
+    max_empty_groups: int = 64
     seed: int = 0
     attention: str = "auto"
     dtype: str = "auto"
@@ -96,8 +99,9 @@ class TrainConfig:
             object.__setattr__(self, name, Path(getattr(self, name)))
         if self.agent not in ("pi", "opencode", "command"):
             raise ValueError(f"agent must be pi, opencode or command, not {self.agent!r}")
-        if self.max_steps < 1 or self.num_generations < 2 or self.samples_per_step < 1:
-            raise ValueError("max_steps >= 1, num_generations >= 2 and samples_per_step >= 1 are needed")
+        if self.max_steps < 1 or self.num_generations < 2 or self.samples_per_step < 1 or self.max_empty_groups < 1:
+            raise ValueError("max_steps >= 1, num_generations >= 2, samples_per_step >= 1 and max_empty_groups >= 1 "
+                             "are needed")
         from .precision import DTYPES
         from .trl_compat import ATTENTION_CHOICES
 
@@ -144,7 +148,8 @@ class TiedReloadRefused(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainResult:
-    steps: int
+    steps: int  # optimizer steps taken
+    stopped_early: str | None  # why the run ended before max_steps (no learning signal left), else None
     reward_per_step: list[float]
     engine_weight_version: int | None
     samples: list[tuple[int, float, int]]  # (group_id, advantage, model_version) of every sample trained on
@@ -196,7 +201,7 @@ async def train(config: TrainConfig) -> TrainResult:
     from .trl_compat import CPU_CONFIG, apply_trl_compat, resolve_attention
     from .weight_sync import (FanOutTransfer, GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer,
                               tied_reload_problem)
-    from .worker import InterceptorRolloutWorker, WorkerConfig
+    from .worker import InterceptorRolloutWorker, NoLearningSignal, WorkerConfig
 
     started = time.perf_counter()
     on_cpu = not torch.cuda.is_available()
@@ -259,6 +264,7 @@ async def train(config: TrainConfig) -> TrainResult:
                 samples_per_step=config.samples_per_step,
                 max_staleness=config.max_staleness,
                 filter=GroupFilter(),
+                max_empty_groups=config.max_empty_groups,
             ),
         )
         gate = server if groups is runner else groups
@@ -303,13 +309,19 @@ async def train(config: TrainConfig) -> TrainResult:
         )
         if transfer is None:  # TRL's own NCCL client: every sync still goes through the interception gate
             trainer.weight_transfer = GatedTransfer(trainer.weight_transfer, gate=gate, loop=loop)
-        await asyncio.to_thread(trainer.train)
+        stopped_early = None
+        try:
+            await asyncio.to_thread(trainer.train)
+        except NoLearningSignal as exc:  # what was learned so far is kept: saved below like a finished run's
+            stopped_early = str(exc)
+            print(f"stopped after step {trainer.state.global_step}: {exc}", flush=True)
         await asyncio.to_thread(trainer.save_model, str(config.out / "final"))  # the trained policy, with its tokenizer
         version = engine.weight_version if engine is not None else None
     per_step = [rewards[step] for step in sorted(rewards)]
     _plot(sorted(rewards.items()), config.out / "reward.png")
     return TrainResult(
-        steps=config.max_steps,
+        steps=trainer.state.global_step,
+        stopped_early=stopped_early,
         reward_per_step=per_step,
         engine_weight_version=version,
         samples=list(worker.pushed),
@@ -361,6 +373,8 @@ def run_train_from_args(args: argparse.Namespace) -> int:
     except (DtypeMismatch, TiedReloadRefused) as exc:
         print(f"interceptor train: error: {exc}", file=sys.stderr)
         return 2
+    if result.stopped_early:
+        print(f"\nstopped early: {result.stopped_early}")
     print(f"\n{result.steps} steps in {result.seconds:.0f}s; mean reward per step: "
           + " ".join(f"{r:.2f}" for r in result.reward_per_step))
     print(f"metrics: {result.metrics_path}; plot: {config.out / 'reward.png'}")

@@ -35,7 +35,11 @@ from agents.tasks import Task
 
 from .advantages import GroupFilter, build_group
 
-__all__ = ["InterceptorRolloutWorker", "WorkerConfig"]
+__all__ = ["InterceptorRolloutWorker", "NoLearningSignal", "WorkerConfig"]
+
+
+class NoLearningSignal(RuntimeError):
+    """`max_empty_groups` groups in a row trained nothing: the run has no signal left (the trainer saves and stops)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +126,7 @@ class InterceptorRolloutWorker:
             error = self._future.exception()
             raise RuntimeError(f"the rollout loop stopped: {error!r}") from error
         if self._empty_groups_in_a_row >= self.config.max_empty_groups:
-            raise RuntimeError(
+            raise NoLearningSignal(
                 f"the last {self._empty_groups_in_a_row} groups trained nothing (zero reward variance or failed "
                 "rollouts): the tasks are solved, or unsolvable, for this policy; see the rollouts/* metrics"
             )

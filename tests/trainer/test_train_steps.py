@@ -59,6 +59,25 @@ async def test_two_grpo_steps_on_cpu_update_the_served_policy(tiny_model_dir, tm
     assert setup["trainer_dtype"] == setup["generator_dtype"] == "float32" and setup["dtype_mismatch"] is None
 
 
+async def test_a_run_with_no_learning_signal_left_stops_early_and_keeps_its_policy(tiny_model_dir, tmp_path):
+    """Every rollout earns 1, so no group has a reward spread to learn from: after `max_empty_groups` such groups
+    the run stops before `max_steps`, says why, and still saves the policy it holds (nothing trained is lost)."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "solved", "instruction": "Say anything.",
+                                 "grader": {"kind": "command", "command": "true"},
+                                 "limits": {"wall_s": 60, "idle_s": 30}}) + "\n")
+    config = TrainConfig(tasks=tasks, model=tiny_model_dir, agent="command",
+                         command=f"{sys.executable} {Path(__file__).with_name('parity_task.py')}", out=tmp_path / "run",
+                         max_tokens=4, num_generations=2, samples_per_step=2, max_steps=5, max_empty_groups=3,
+                         concurrency=2)
+
+    result = await train(config)
+
+    assert result.steps == 0 and result.samples == []
+    assert result.stopped_early and "the last 3 groups trained nothing" in result.stopped_early
+    assert (config.out / "final" / "model.safetensors").is_file() and (config.out / "final" / "config.json").is_file()
+
+
 async def test_a_generator_serving_another_dtype_is_refused_before_training(tiny_model_dir, tmp_path):
     from trainer.engine import EngineConfig, LocalEngine
     from trainer.precision import DtypeMismatch
