@@ -62,7 +62,7 @@ def _plot(report: dict, path: Path) -> None:
     if gaps:
         gap.semilogy(*zip(*gaps, strict=True), marker="o")
     gap.axhline(1e-4, color="grey", linestyle="--", linewidth=1)
-    gap.set(title="max |trainer - engine| logprob", xlabel="step")
+    gap.set(title="max |trainer - sampled| logprob\n(samples up to max_staleness old)", xlabel="step")
     entries = report["held_out"]
     held.errorbar(range(len(entries)), [e["rate"] or 0 for e in entries], capsize=6, fmt="o",
                   yerr=[[(e["rate"] or 0) - e["ci95"][0] for e in entries],
