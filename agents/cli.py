@@ -22,7 +22,9 @@ def _agents_install(args: argparse.Namespace) -> int:
 
 
 def register(commands: CommandRegistry) -> None:
+    from .packages import PACKAGES  # the one list of installable agents (install.py's parser reads it too)
+
     install = commands.add("agents", _agents_install, "install a pinned agent from npm: interceptor agents install NAME")
     install.add_argument("action", choices=("install",))
-    install.add_argument("names", nargs="+", choices=("pi", "opencode"), metavar="NAME")
+    install.add_argument("names", nargs="+", choices=sorted(PACKAGES), metavar="NAME", help=" | ".join(sorted(PACKAGES)))
     install.add_argument("--force", action="store_true")

@@ -81,3 +81,17 @@ def test_main_installs_and_returns_nonzero_on_failure(tmp_path, fake_npm, monkey
     monkeypatch.setenv("FAKE_VERSION", "0.0.1")
     assert main(["pi", "--dir", str(tmp_path / "other"), "--force"]) == 1
     assert "expected 0.73.1" in capsys.readouterr().err
+
+
+def test_the_readme_command_installs_all_four_agents(monkeypatch, capsys):
+    """`interceptor agents install pi opencode claude codex`, exactly as the README writes it, reaches the installer
+    with every name (it once accepted only pi and opencode)."""
+    import agents.install
+    from interceptor.cli import main as interceptor_main
+
+    installed = []
+    monkeypatch.setattr(agents.install, "install_agent",
+                        lambda name, **kwargs: installed.append(name) or Path("/agents") / name)
+
+    assert interceptor_main(["agents", "install", "pi", "opencode", "claude", "codex"]) == 0
+    assert installed == ["pi", "opencode", "claude", "codex"]
