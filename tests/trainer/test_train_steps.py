@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -74,7 +75,9 @@ async def test_a_run_with_no_learning_signal_left_stops_early_and_keeps_its_poli
     result = await train(config)
 
     assert result.steps == 0 and result.samples == []
-    assert result.stopped_early and "the last 3 groups trained nothing" in result.stopped_early
+    # checked while the trainer waits for samples: groups in flight may have finished past the third
+    empty = re.match(r"the last (\d+) groups trained nothing", result.stopped_early or "")
+    assert empty and int(empty[1]) >= 3, result.stopped_early
     assert (config.out / "final" / "model.safetensors").is_file() and (config.out / "final" / "config.json").is_file()
 
 
