@@ -129,13 +129,7 @@ async def test_two_grpo_steps_on_the_real_smollm2_change_its_weights_through_a_r
     same in the trainer as in the engine (fp32 on both sides)."""
     from safetensors.torch import load_file
 
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(json.dumps({
-        "id": "parity", "instruction": "Say anything.",
-        "grader": {"kind": "python", "callable": "tests.trainer.parity_task:grade"},
-        "limits": {"wall_s": 120, "idle_s": 60},
-    }) + "\n")
-    config = TrainConfig(tasks=tasks, model=smollm2_dir, agent="command",
+    config = TrainConfig(tasks=_parity_tasks(tmp_path), model=smollm2_dir, agent="command",
                          command=f"{sys.executable} {Path(__file__).with_name('parity_task.py')}", out=tmp_path / "run",
                          max_tokens=8, num_generations=4, samples_per_step=4, max_steps=2, learning_rate=1e-4,
                          concurrency=4)
