@@ -48,6 +48,7 @@ class Policy:
     max_model_len: int
     default_max_tokens: int
     version: int = 0  # stamped on every turn; the trainer bumps it after a weight update
+    syncs_begun: int = 0  # weight syncs begun (gate pauses): a turn that saw this move may hold two versions
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # cleared while weights change
     journal: Journal | None = None  # committed turns are journaled (a server with a record file)
     observe_turn: Callable[[TurnResult], None] | None = None  # the server's metrics
@@ -96,7 +97,7 @@ async def run_turn(
         await policy.ready.wait()  # agents wait, they do not fail, while weights change
         # The version this generation starts on: a weight sync that lands while it runs (vLLM's pause "keep"
         # freezes it and continues it on the new weights) leaves its first tokens from this one, the oldest.
-        version = policy.version
+        version, syncs = policy.version, policy.syncs_begun
         generation = await policy.upstream.complete(
             model=policy.upstream_model,
             prompt=plan.prompt,
@@ -109,7 +110,8 @@ async def run_turn(
             moved=lambda old, new: rollout.note("replica_moved", replica=old, to=new),
         )
         async with rollout.lock:
-            result = _record(policy, rollout, plan, generation, request, version=version)
+            spans_sync = policy.syncs_begun != syncs  # its tail may come from the next version's weights
+            result = _record(policy, rollout, plan, generation, request, version=version, spans_sync=spans_sync)
     except BaseException as exc:
         _release(rollout, plan)
         if isinstance(exc, UpstreamError):
@@ -206,7 +208,8 @@ def _stop_ids(renderer: Renderer, request: ChatRequest) -> list[int]:
 
 
 def _record(
-    policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Generation, request: ChatRequest, *, version: int
+    policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Generation, request: ChatRequest, *, version: int,
+    spans_sync: bool = False,
 ) -> TurnResult:
     text = policy.renderer.decode(generation.token_ids)
     parsed = parse_output(text, tools=request.tools, calls_allowed=bool(request.tools) and request.tool_choice != "none")
@@ -222,6 +225,7 @@ def _record(
         finish_reason=finish_reason,
         malformed=parsed.malformed,
         policy_version=version,
+        spans_sync=spans_sync,
     )
     entry = rollout.scrub(
         {"new_messages": request.messages[known:], "response": message, "finish_reason": finish_reason}

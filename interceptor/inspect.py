@@ -67,6 +67,7 @@ def show_rollout(record: RolloutRecord, decode: Callable[[list[int]], str] | Non
             lines.append(f"[{kind} {start}:{end}] {body}")
         for number, turn in enumerate(sample.turns):
             extra = " malformed-tool-call" if turn.malformed_tool_call else ""
+            extra += " spans-weight-sync" if turn.spans_sync else ""
             lines.append(f"   turn {number}: {turn.finish_reason}, policy v{turn.policy_version}{extra}")
     return "\n".join(lines)
 

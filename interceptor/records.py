@@ -56,8 +56,11 @@ class TurnRecord:
     finish_reason: str  # stop | length | tool_calls
     malformed_tool_call: bool
     model: str
-    policy_version: int
+    policy_version: int  # the version the generation started on (its first tokens are that version's)
     seconds: float  # time spent upstream
+    # A weight sync began while it was generated: a paused generation continued on the new weights ("keep"), so
+    # its tail may be the next version's. The recorded logprobs are still those each token was sampled with.
+    spans_sync: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,7 +67,7 @@ class RescoreConfig:
     timeout_s: float = 600.0  # one sample's scoring: long, since a CPU policy server is slow on long prompts
     worst: int = 10  # how many of the largest gaps the report lists
     # only samples every turn of which this policy version sampled (a training run's records hold many versions;
-    # the server holds one); None: every sample
+    # the server holds one); a turn that spans a weight sync holds two and is listed as skipped. None: every sample
     policy_version: int | None = None
 
     def __post_init__(self) -> None:
@@ -173,6 +173,13 @@ async def rescore(records: Iterable[RolloutRecord], config: RescoreConfig) -> Re
         results: list[_Scored | SkippedSample | None] = [None] * len(samples)
 
         async def score(slot: int, rollout_id: str, sample: SampleRecord) -> None:
+            spanning = [n for n, t in enumerate(sample.turns) if t.spans_sync]
+            if version is not None and spanning:
+                results[slot] = SkippedSample(
+                    rollout_id=rollout_id, sample=sample.index, tokens=len(sample.input_ids),
+                    reason=f"turn {spanning[0]} spans a weight sync: its tail may be a later version's than {version}",
+                )
+                return
             if max_model_len is not None and len(sample.input_ids) + 1 > max_model_len:
                 results[slot] = SkippedSample(
                     rollout_id=rollout_id, sample=sample.index, tokens=len(sample.input_ids),

@@ -366,6 +366,7 @@ class InterceptionServer:
         """New turns wait (agents see a slow answer, not an error) until `resume`, e.g. during a weight update."""
         if self.policy is not None:
             self.policy.ready.clear()
+            self.policy.syncs_begun += 1
 
     async def resume(self, *, policy_version: int | None = None) -> None:
         if self.policy is not None:

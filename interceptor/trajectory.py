@@ -256,14 +256,14 @@ class Trajectory:
         return "the history is shorter than the latest sample's"
 
     def commit(self, plan: TurnPlan, generation: Generation, *, returned: dict, finish_reason: str,
-               malformed: bool, policy_version: int) -> dict:
+               malformed: bool, policy_version: int, spans_sync: bool = False) -> dict:
         """Record a generated turn: the new prompt ids (mask 0), then the sampled ids (mask 1, with logprobs).
         Returns what the journal needs to rebuild the branch (its first turn also says where it came from)."""
         branch = plan.branch
         first, branch.journaled = not branch.journaled, True
         turn = branch.append_turn(plan.new_prompt, generation.token_ids, generation.logprobs, {
             "finish_reason": finish_reason, "malformed_tool_call": malformed, "model": generation.model,
-            "policy_version": policy_version, "seconds": round(generation.seconds, 6),
+            "policy_version": policy_version, "spans_sync": spans_sync, "seconds": round(generation.seconds, 6),
         })
         # The agent's own list, not a copy: its next request carries the same objects (`ChatRequest.carried`).
         branch.asked, branch.answer = plan.request_messages, returned

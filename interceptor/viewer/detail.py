@@ -85,7 +85,8 @@ def _spans(sample: dict, text: TokenText) -> list[dict]:
                   for i in range(start, end)]
         spans.append({"kind": "sampled", "turn": number, "start": start, "end": end, "tokens": tokens,
                       "finish_reason": turn.get("finish_reason"), "policy_version": turn.get("policy_version"),
-                      "malformed_tool_call": turn.get("malformed_tool_call", False)})
+                      "malformed_tool_call": turn.get("malformed_tool_call", False),
+                      "spans_sync": turn.get("spans_sync", False)})
         at = end
     if at < len(ids):  # a sample that ends on prompt tokens (none do today; shown rather than dropped)
         spans.append({"kind": "prompt", "turn": None, "start": at, "end": len(ids), "text": text.text(ids[at:])})

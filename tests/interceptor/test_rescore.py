@@ -107,6 +107,25 @@ async def test_a_policy_version_rescores_only_the_samples_it_sampled(tiny_model_
     assert [r.rollout_id for r in second.rollouts] == [later.rollout_id] and second.overall.tokens == _sampled([later])
 
 
+async def test_a_turn_that_spans_a_weight_sync_is_skipped_with_the_reason_under_a_policy_version(
+        tiny_model_dir, records):
+    """A generation paused by a sync and finished on the new weights holds two versions under its start's stamp: no
+    one server can score it, so `policy_version` lists it as skipped instead of reporting its tail as a gap."""
+    import dataclasses
+
+    spanning = records[0]
+    marked = dataclasses.replace(spanning, samples=[
+        dataclasses.replace(s, turns=[dataclasses.replace(t, spans_sync=True) for t in s.turns[:1]] + s.turns[1:])
+        for s in spanning.samples
+    ])
+    async with LocalEngine(EngineConfig(model=tiny_model_dir, port=0, served_model_name="tiny")) as engine:
+        report = await rescore([marked, *records[1:]], RescoreConfig(upstream=engine.base_url, policy_version=0))
+    assert {r.rollout_id for r in report.rollouts} == {r.rollout_id for r in records[1:]}
+    assert [(s.rollout_id, s.reason) for s in report.skipped] == [
+        (spanning.rollout_id, "turn 0 spans a weight sync: its tail may be a later version's than 0")
+    ] * len(spanning.samples)
+
+
 async def test_another_model_shows_a_large_gap_at_the_worst_positions(other_model_dir, records):
     async with LocalEngine(EngineConfig(model=other_model_dir, port=0, served_model_name="drifted")) as engine:
         report = await rescore(records, RescoreConfig(upstream=engine.base_url, model="drifted", worst=5))

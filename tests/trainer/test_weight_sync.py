@@ -168,3 +168,44 @@ async def restore_original_weights(http: aiohttp.ClientSession, model_dir: Path)
 async def post(http: aiohttp.ClientSession, path: str, body: dict | None = None, **params: str) -> None:
     async with http.post(path, json=body, params=params) as response:
         assert response.status == 200, f"POST {path} -> {response.status}: {await response.text()}"
+
+
+async def test_a_turn_generated_across_a_sync_is_stamped_as_spanning_it(engine, perturbed, tiny_model_dir):
+    """A turn is stamped with the version its generation started on. One that a sync paused (vLLM's "keep") and
+    finished on the new weights holds tokens of both versions: it is marked `spans_sync`; turns wholly before or
+    after a sync are not."""
+    from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
+
+    loop = asyncio.get_running_loop()
+    config = ServerConfig(upstream=UpstreamConfig(base_url=engine.base_url), model_dir=tiny_model_dir,
+                          max_model_len=2048)
+    async with InterceptionServer(config) as server, aiohttp.ClientSession() as client:
+        transfer = GatedTransfer(LocalEngineTransfer(engine, loop=loop), gate=server, loop=loop)
+        before, spanning, after = (server.open_rollout() for _ in range(3))
+        reached, released = asyncio.Event(), asyncio.Event()
+        original = server.policy.upstream.complete
+
+        async def complete(**kwargs):  # the spanning turn is upstream, not yet answered, while the sync runs
+            if kwargs["rollout_id"] == spanning.id:
+                reached.set()
+                await released.wait()
+            return await original(**kwargs)
+
+        server.policy.upstream.complete = complete
+
+        async def chat(handle) -> None:
+            body = {"model": "policy", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+            async with client.post(handle.base_url + "/chat/completions", json=body,
+                                   headers={"Authorization": f"Bearer {handle.secret}"}) as response:
+                assert response.status == 200, await response.text()
+
+        await chat(before)
+        in_flight = asyncio.create_task(chat(spanning))
+        await reached.wait()
+        await asyncio.to_thread(sync_like_trl, transfer, perturbed)
+        released.set()
+        await in_flight
+        await chat(after)
+        records = [await server.finish_rollout(h.id) for h in (before, spanning, after)]
+    stamps = [[(t.policy_version, t.spans_sync) for s in r.samples for t in s.turns] for r in records]
+    assert stamps == [[(0, False)], [(0, True)], [(1, False)]]

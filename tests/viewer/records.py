@@ -20,7 +20,8 @@ def make_sample(index: int, *, auxiliary: bool = False, fork_reason: str | None 
         logprobs += [-0.1, -1.5, -0.01]
         records.append(TurnRecord(prompt_start=start, completion_start=completion, completion_end=len(ids),
                                   finish_reason="tool_calls" if turn < turns - 1 else "stop",
-                                  malformed_tool_call=False, model="policy", policy_version=turn, seconds=0.01))
+                                  malformed_tool_call=False, model="policy", policy_version=turn, seconds=0.01,
+                                  spans_sync=turn == 0))  # its first turn ran across a weight sync
     return SampleRecord(index=index, input_ids=ids, completion_mask=mask, old_logprobs=logprobs, turns=records,
                         auxiliary=auxiliary, fork_reason=fork_reason)
 

@@ -89,6 +89,9 @@ async def test_a_rollout_shows_prompt_and_sampled_tokens_with_logprobs_and_its_f
         assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
         boundaries = [(t["completion_start"], t["completion_end"]) for t in sample["turns"]]
         assert [(s["start"], s["end"]) for s in spans if s["kind"] == "sampled"] == boundaries
+        stamps = [(t["policy_version"], t["spans_sync"]) for t in sample["turns"]]
+        assert [(s["policy_version"], s["spans_sync"]) for s in spans if s["kind"] == "sampled"] == stamps
+        assert (0, True) in stamps  # a turn that ran across a weight sync says so
     tree = {node["sample"]: node for node in detail["fork_tree"]}
     assert tree[0]["parent"] is None
     assert tree[1]["parent"] == 0 and tree[1]["shared_tokens"] == 8 and tree[1]["fork_reason"] == "history rewritten"

@@ -174,7 +174,7 @@ function sampleBox(sample) {
     if (span.kind === "prompt") {
       body.append(el("div", { class: "span-prompt" + (span.text.length > 600 ? " long" : ""), title: `prompt tokens ${span.start}–${span.end} (mask 0)` }, span.text));
     } else {
-      body.append(el("span", { class: "turn-mark" }, `turn ${span.turn} · tokens ${span.start}–${span.end} · ${span.finish_reason} · policy v${span.policy_version}` + (span.malformed_tool_call ? " · malformed tool call" : "")));
+      body.append(el("span", { class: "turn-mark" }, `turn ${span.turn} · tokens ${span.start}–${span.end} · ${span.finish_reason} · policy v${span.policy_version}` + (span.malformed_tool_call ? " · malformed tool call" : "") + (span.spans_sync ? " · spans a weight sync" : "")));
       for (const token of span.tokens) {
         body.append(el("span", { class: "tok", "data-logprob": token.logprob, style: `background:${shade(token.logprob)}`,
           title: `logprob ${token.logprob.toFixed(4)} · p ${Math.exp(token.logprob).toFixed(3)} · id ${token.id}` + (token.mask ? "" : " · masked") }, token.text));
