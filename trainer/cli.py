@@ -1,5 +1,5 @@
 """The subcommands the trainer package adds to the `interceptor` command line: make-tiny-model, make-model, engine,
-run, train, make-tasks, evaluate, replay and demo.
+run, train, make-tasks, evaluate, warm-start, replay and demo.
 
 Registered through the `interceptor.commands` entry point (pyproject.toml). Each handler imports torch-backed modules
 only when it runs, so registering these commands keeps `interceptor serve` and `interceptor inspect` light.
@@ -88,6 +88,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     return run_evaluate_from_args(args)
 
 
+def _warm_start(args: argparse.Namespace) -> int:
+    from .learning.warm_start import run_warm_start_from_args
+
+    return run_warm_start_from_args(args)
+
+
 def _make_tasks(args: argparse.Namespace) -> int:
     from .learning.families import write_family
 
@@ -173,6 +179,12 @@ def register(commands: CommandRegistry) -> None:
     evaluate = commands.add("evaluate", _evaluate, "a checkpoint's held-out success rate with its Wilson interval, "
                                                    "through the training config's agent; writes JSON and a plot")
     add_evaluate_arguments(evaluate)
+
+    from .learning.warm_start import add_warm_start_arguments
+
+    warm = commands.add("warm-start", _warm_start, "a short supervised fine-tune on a family's training solutions "
+                                                   "(TRL SFT, loss on the agent's turns), before GRPO")
+    add_warm_start_arguments(warm)
 
     replay = commands.add("replay", _replay, "run an agent again against a recorded rollout, with no model: did it "
                                              "match turn for turn, and where did it diverge")

@@ -7,7 +7,8 @@ environment of the commands it runs, so the model's credential never reaches the
 
 `--shots FILE` puts worked examples before the task: a JSON list of OpenAI chat messages (user turns, assistant
 turns with `tool_calls`, tool results), sent as the start of every request's history, as few-shot prompting does.
-`interceptor make-tasks` writes one for each task family.
+`interceptor make-tasks` writes one for each task family. `--print-prefix` prints what goes before every task
+(`{"messages": [system, *shots], "tools": [...]}`) and exits: `interceptor warm-start` teaches in that context.
 """
 
 from __future__ import annotations
@@ -52,13 +53,19 @@ def main() -> int:
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--shots", help="a JSON file: worked examples (chat messages) put before the task")
+    parser.add_argument("--print-prefix", action="store_true", help="print the messages and tools put before "
+                        "every task, as JSON, and exit")
     args = parser.parse_args()
     shots = json.loads(open(args.shots, encoding="utf-8").read()) if args.shots else []
     if not isinstance(shots, list) or not all(isinstance(m, dict) and "role" in m for m in shots):
         parser.error("--shots must hold a JSON list of chat messages")
+    prefix = [{"role": "system", "content": SYSTEM}, *shots]
+    if args.print_prefix:
+        print(json.dumps({"messages": prefix, "tools": TOOLS}, indent=1))
+        return 0
     client = OpenAI()  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
     model = os.environ.get("OPENAI_MODEL", "policy")
-    messages = [{"role": "system", "content": SYSTEM}, *shots, {"role": "user", "content": sys.stdin.read().strip()}]
+    messages = [*prefix, {"role": "user", "content": sys.stdin.read().strip()}]
     for _ in range(args.max_turns):
         reply = client.chat.completions.create(
             model=model, messages=messages, tools=TOOLS, max_tokens=args.max_tokens

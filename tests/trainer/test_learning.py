@@ -126,3 +126,72 @@ def test_the_recipe_report_joins_the_steps_and_the_held_out_rates(tmp_path):
     assert [(s["step"], s["reward"], s["step_s"]) for s in report["steps"]] == [(1, 0.25, 16.5), (2, 0.75, 4.0)]
     assert report["steps"][0]["gap_max"] == 3e-5 and report["held_out"][0]["ci95"] == entry["ci95"]
     assert "held-out before: 57/200 = 0.285" in done.stdout and (tmp_path / "report.png").is_file()
+
+
+def test_a_family_writes_a_worked_solution_for_each_training_task_and_none_for_a_held_out_one(tmp_path):
+    write_family("add", tmp_path, seed=5, train=20, held_out=10)
+    train = {t.id: t for t in load_tasks(tmp_path / "train.jsonl")}
+    held_out = load_tasks(tmp_path / "held_out.jsonl")
+    gold = [json.loads(line) for line in (tmp_path / "train_gold.jsonl").read_text().splitlines()]
+    assert [g["task_id"] for g in gold] == list(train)
+    for row in gold:
+        task, messages = train[row["task_id"]], row["messages"]
+        assert messages[0] == {"role": "user", "content": task.instruction}
+        last_call = [m for m in messages if m.get("tool_calls")][-1]["tool_calls"][0]["function"]["arguments"]
+        assert json.loads(last_call) == {"command": f"answer {task.grader.expected}"}
+    told = {m["content"] for row in gold for m in row["messages"] if m["role"] == "user"}
+    assert not told & {t.instruction for t in held_out}
+
+
+def _prefix(tmp_path: Path, shots: Path) -> Path:
+    done = subprocess.run([sys.executable, str(AGENT), "--shots", str(shots), "--print-prefix"], capture_output=True,
+                          text=True, timeout=60, check=True)
+    (tmp_path / "prefix.json").write_text(done.stdout)
+    return tmp_path / "prefix.json"
+
+
+def test_warm_start_rows_are_the_gates_prompt_then_the_agents_turn(smollm2_dir, tmp_path):
+    """Each row's prompt is the ids the gate would send the policy for that request (prefix, task, solution so far);
+    its completion, the only tokens with loss, is the assistant turn as the template renders it."""
+    from transformers import AutoTokenizer
+
+    from interceptor.rendering import Renderer, RendererConfig
+    from trainer.learning.warm_start import training_rows
+
+    write_family("add", tmp_path / "tasks", seed=2, train=2, held_out=1)
+    prefix = json.loads(_prefix(tmp_path, tmp_path / "tasks" / "shots.json").read_text())
+    solution = json.loads((tmp_path / "tasks" / "train_gold.jsonl").read_text().splitlines()[0])["messages"]
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    rows = training_rows(tokenizer, [solution], prefix["messages"], prefix["tools"])
+    turns = [i for i, m in enumerate(solution) if m["role"] == "assistant"]
+    assert len(rows) == len(turns) == 3
+    renderer = Renderer(RendererConfig(model_dir=smollm2_dir))
+    for row, index in zip(rows, turns):
+        prompt = row["input_ids"][:row["completion_mask"].index(1)]
+        assert prompt == renderer.render_full([*prefix["messages"], *solution[:index]], prefix["tools"])
+        assert set(row["completion_mask"][len(prompt):]) == {1}
+    taught = tokenizer.decode([t for t, m in zip(rows[1]["input_ids"], rows[1]["completion_mask"]) if m])
+    assert "<tool_call>" in taught and f"answer {solution[3]['content']}" in taught
+
+
+def test_warm_start_fine_tunes_on_the_solutions_and_writes_a_checkpoint(smollm2_dir, tmp_path):
+    write_family("add", tmp_path / "tasks", seed=2, train=2, held_out=1)
+    prefix = _prefix(tmp_path, tmp_path / "tasks" / "shots.json")
+    out = tmp_path / "warm"
+    done = subprocess.run([sys.executable, "-m", "interceptor.cli", "warm-start", str(smollm2_dir), str(out), "--gold",
+                           str(tmp_path / "tasks" / "train_gold.jsonl"), "--prefix", str(prefix), "--transcripts",
+                           "1", "--batch-size", "3", "--learning-rate", "1e-4"],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "warm_start.json").read_text())
+    assert (summary["transcripts"], summary["rows"], summary["optimizer_steps"]) == (1, 3, 1)
+    from safetensors.torch import load_file
+
+    before, after = load_file(smollm2_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(before) == set(after) and any(not (before[k] == after[k]).all() for k in before)
+    assert (out / "tokenizer.json").is_file() and "warm-started" in done.stdout
+
+    refused = subprocess.run([sys.executable, "-m", "interceptor.cli", "warm-start", str(smollm2_dir), str(out),
+                              "--gold", str(tmp_path / "none.jsonl"), "--prefix", str(prefix)],
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "none.jsonl is not a file" in refused.stderr

@@ -4,7 +4,8 @@ with worked examples (shots) for a few-shot agent drawn from neither.
     interceptor make-tasks lookup runs/lookup --seed 1 --train 200 --held-out 100
 
 writes `train.jsonl` and `held_out.jsonl` (task files, `agents.tasks`), `shots.json` (chat messages for
-`examples/agents/simple_agent.py --shots`) and `family.json` (what was generated, from what seed). Every task is
+`examples/agents/simple_agent.py --shots`), `train_gold.jsonl` (a worked solution per training task, for
+`interceptor warm-start`; none for a held-out one) and `family.json` (what was generated, from what seed). Every task is
 graded on the host by its `answer` grader; the expected value is in the task file, never in the workspace.
 
 - `submit`: the instruction names the number and the command ("Submit the number 4821 by running: answer 4821");
@@ -126,6 +127,9 @@ def write_family(name: str, out: Path | str, *, seed: int, train: int, held_out:
     for split, chosen in (("train", train_set), ("held_out", held_set)):
         lines = [json.dumps(_task(name, split, i, inst)) for i, inst in enumerate(chosen)]
         (out / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    gold = [json.dumps({"task_id": f"{name}-train-{i:04d}", "messages": family.shot(inst, shots + i)})
+            for i, inst in enumerate(train_set)]
+    (out / "train_gold.jsonl").write_text("\n".join(gold) + "\n", encoding="utf-8")
     messages = [m for i, inst in enumerate(shot_set) for m in family.shot(inst, i)]
     (out / "shots.json").write_text(json.dumps(messages, indent=1) + "\n", encoding="utf-8")
     description = {"family": name, "doc": family.doc, "seed": seed, "train": train, "held_out": held_out,
