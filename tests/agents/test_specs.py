@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agents import (
+    AGENT_SPECS,
     AgentConfigError,
     AgentLaunch,
     AgentNotInstalled,
@@ -237,9 +238,25 @@ def test_reprs_never_show_the_secret(rollout, fake_program):
     assert "OPENAI_API_KEY" in repr(launch)  # keys are shown, values are not
 
 
-def test_every_spec_satisfies_the_protocol(fake_program):
-    for spec in (PiAgent(binary=fake_program), OpenCodeAgent(binary=fake_program), CommandAgent(argv=("x",))):
-        assert isinstance(spec, AgentSpec)
+@pytest.mark.parametrize("name", sorted(AGENT_SPECS))
+def test_every_registered_agent_launches_its_binary_with_the_endpoint_and_no_secret_in_argv(name, fake_program,
+                                                                                          rollout):
+    """Each agent `interceptor run --agent NAME` can build: a spec of the protocol, named as registered, whose launch
+    runs the binary it was given in the rollout's workspace, reaches the rollout's endpoint (in its environment or a
+    file it wrote), keeps the secret out of argv and declares it for scrubbing."""
+    spec = AGENT_SPECS[name](binary=fake_program)
+    assert isinstance(spec, AgentSpec) and spec.name == name
+    launch = spec.prepare(rollout)
+    assert launch.argv[0] == str(fake_program) and launch.cwd == rollout.workspace
+    assert not any(SECRET in arg for arg in launch.argv) and SECRET in launch.secrets
+    told = "\n".join(launch.env.values()) + "".join(p.read_text(errors="replace") for p in launch.files_written
+                                                     if p.is_file())
+    assert rollout.base_url.removesuffix("/v1") in told
+    assert fake_program.resolve() in launch.host_paths
+
+
+def test_the_command_agent_satisfies_the_protocol():
+    assert isinstance(CommandAgent(argv=("x",)), AgentSpec)
 
 
 def test_invalid_spec_settings_are_refused():
