@@ -20,20 +20,23 @@ from .errors import AgentConfigError, AgentError, AgentNotInstalled, InstallErro
 from .opencode import OpenCodeAgent
 from .packages import OPENCODE, PACKAGES, PI, AgentPackage, find_binary
 from .pi import PiAgent
+from .registry import AGENTS, AgentKind, AgentSettings, build_agent
 from .sandbox import Heartbeat, LocalSandbox, LocalSandboxConfig, Outcome, RunLimits, RunResult, Sandbox
 from .spec import AgentLaunch, AgentRollout, AgentSpec
 
 __all__ = [
-    "AGENT_SPECS",
+    "AGENTS",
     "OPENCODE",
     "PACKAGES",
     "PI",
     "AgentConfigError",
+    "AgentKind",
     "AgentError",
     "AgentLaunch",
     "AgentNotInstalled",
     "AgentPackage",
     "AgentRollout",
+    "AgentSettings",
     "AgentSpec",
     "ClaudeAgent",
     "CodexAgent",
@@ -48,10 +51,7 @@ __all__ = [
     "RunLimits",
     "RunResult",
     "Sandbox",
+    "build_agent",
     "find_binary",
 ]
 
-# The agents `interceptor run --agent NAME` can build with default settings.
-AGENT_SPECS: dict[str, type[PiAgent] | type[OpenCodeAgent] | type[ClaudeAgent] | type[CodexAgent]] = {
-    "pi": PiAgent, "opencode": OpenCodeAgent, "claude": ClaudeAgent, "codex": CodexAgent,
-}

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from agents.registry import AGENTS
 from agents.run_args import add_run_arguments
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def register(commands: CommandRegistry) -> None:
     replay.add_argument("records", help="a record file (rollouts.jsonl)")
     replay.add_argument("--rollout", required=True, help="the rollout id to replay")
     replay.add_argument("--tasks", required=True, help="the task file the rollout's task comes from")
-    replay.add_argument("--agent", choices=("pi", "opencode", "claude", "codex", "command"), default=None,
+    replay.add_argument("--agent", choices=tuple(AGENTS), default=None,
                         help="default: the agent the record names")
     replay.add_argument("--command", default=None, help="the command agent's command line")
     replay.add_argument("--max-tokens", type=int, default=None)

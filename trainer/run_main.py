@@ -19,13 +19,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from agents.cgroups import ResourceLimits
-from agents.claude import ClaudeAgent
-from agents.codex import CodexAgent
-from agents.command import CommandAgent
 from agents.errors import AgentConfigError
-from agents.opencode import OpenCodeAgent
-from agents.pi import PiAgent
 from agents.pool import PoolConfig
+from agents.registry import AgentSettings, build_agent
 from agents.runner import RunnerConfig
 from agents.sandbox import LocalSandbox
 from agents.spec import AgentSpec
@@ -39,17 +35,11 @@ __all__ = ["progress_printer", "run_from_args", "summary_table"]
 
 
 def _agent(args: argparse.Namespace, *, context_window: int) -> AgentSpec:
-    if args.agent == "pi":
-        return PiAgent(context_window=context_window, max_tokens=args.max_tokens or 512)
-    if args.agent == "opencode":
-        return OpenCodeAgent(context_window=context_window, max_tokens=args.max_tokens or 512)
-    if args.agent == "claude":
-        return ClaudeAgent(max_output_tokens=args.max_tokens)
-    if args.agent == "codex":
-        return CodexAgent(context_window=context_window)
-    if not args.command:
-        raise SystemExit("--agent command needs --command 'program args...'")
-    return CommandAgent.from_command_line(args.command)
+    try:
+        return build_agent(args.agent, AgentSettings(context_window=context_window, max_tokens=args.max_tokens,
+                                                     command=args.command))
+    except AgentConfigError as exc:
+        raise SystemExit(f"interceptor run: {exc}") from None
 
 
 def _resources(args: argparse.Namespace) -> ResourceLimits | None:

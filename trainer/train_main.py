@@ -97,8 +97,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("tasks", "model", "out"):
             object.__setattr__(self, name, Path(getattr(self, name)))
-        if self.agent not in ("pi", "opencode", "command"):
-            raise ValueError(f"agent must be pi, opencode or command, not {self.agent!r}")
+        from agents.registry import trainable
+
+        if self.agent not in trainable():
+            raise ValueError(f"agent must be one of {', '.join(trainable())}, not {self.agent!r}")
         if self.max_steps < 1 or self.num_generations < 2 or self.samples_per_step < 1 or self.max_empty_groups < 1:
             raise ValueError("max_steps >= 1, num_generations >= 2, samples_per_step >= 1 and max_empty_groups >= 1 "
                              "are needed")
@@ -158,13 +160,10 @@ class TrainResult:
 
 
 def agent_spec(config: TrainConfig, *, context_window: int):
-    from agents import CommandAgent, OpenCodeAgent, PiAgent
+    from agents.registry import AgentSettings, build_agent
 
-    if config.agent == "pi":
-        return PiAgent(context_window=context_window, max_tokens=config.max_tokens)
-    if config.agent == "opencode":
-        return OpenCodeAgent(context_window=context_window, max_tokens=config.max_tokens)
-    return CommandAgent.from_command_line(config.command)
+    return build_agent(config.agent, AgentSettings(context_window=context_window, max_tokens=config.max_tokens,
+                                                   command=config.command))
 
 
 def _log_callback(metrics_path: Path, rewards: dict[int, float]):

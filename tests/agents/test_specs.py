@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agents import (
-    AGENT_SPECS,
+    AGENTS,
     AgentConfigError,
     AgentLaunch,
     AgentNotInstalled,
@@ -238,13 +238,13 @@ def test_reprs_never_show_the_secret(rollout, fake_program):
     assert "OPENAI_API_KEY" in repr(launch)  # keys are shown, values are not
 
 
-@pytest.mark.parametrize("name", sorted(AGENT_SPECS))
+@pytest.mark.parametrize("name", [name for name, kind in AGENTS.items() if kind.package is not None])
 def test_every_registered_agent_launches_its_binary_with_the_endpoint_and_no_secret_in_argv(name, fake_program,
                                                                                           rollout):
     """Each agent `interceptor run --agent NAME` can build: a spec of the protocol, named as registered, whose launch
     runs the binary it was given in the rollout's workspace, reaches the rollout's endpoint (in its environment or a
     file it wrote), keeps the secret out of argv and declares it for scrubbing."""
-    spec = AGENT_SPECS[name](binary=fake_program)
+    spec = AGENTS[name].spec(binary=fake_program)
     assert isinstance(spec, AgentSpec) and spec.name == name
     launch = spec.prepare(rollout)
     assert launch.argv[0] == str(fake_program) and launch.cwd == rollout.workspace
@@ -257,6 +257,24 @@ def test_every_registered_agent_launches_its_binary_with_the_endpoint_and_no_sec
 
 def test_the_command_agent_satisfies_the_protocol():
     assert isinstance(CommandAgent(argv=("x",)), AgentSpec)
+
+
+def test_the_registry_builds_each_agent_from_the_shared_settings_and_names_what_install_and_train_take():
+    from agents.packages import PACKAGES
+    from agents.registry import AgentSettings, build_agent, installable, trainable
+
+    settings = AgentSettings(context_window=4096, max_tokens=256, command="python agent.py")
+    for name, kind in AGENTS.items():
+        spec = build_agent(name, settings)
+        assert type(spec) is kind.spec and spec.name == name
+    assert build_agent("pi", settings).max_tokens == 256 and build_agent("pi", AgentSettings(
+        context_window=4096)).max_tokens == 512
+    assert sorted(installable()) == sorted(PACKAGES)  # `agents install` and the registry agree
+    assert set(trainable()) == {"pi", "opencode", "command"}
+    with pytest.raises(AgentConfigError, match="unknown agent 'gemini'"):
+        build_agent("gemini", settings)
+    with pytest.raises(AgentConfigError, match="needs a command line"):
+        build_agent("command", AgentSettings(context_window=4096))
 
 
 def test_invalid_spec_settings_are_refused():
