@@ -1,5 +1,6 @@
 """One report of a recipe run: reward per step, the trainer-engine logprob gap per step, seconds per step and per
-weight sync (from `RUN/train/metrics.jsonl`), and held-out success before and after (from `RUN/eval/eval.json`).
+weight sync (from `RUN/train/metrics.jsonl`), held-out success before and after (from `RUN/eval/eval.json`), and,
+where the run was rescored (`SERVE=vllm run.sh`), the gap of the records to the policy server (`RUN/rescore.json`).
 
     python examples/train_smollm2_cpu/report.py runs/smollm2/submit-seed1
 
@@ -33,6 +34,11 @@ def main(run: Path) -> int:
              for r in rows]
     report = {"run": str(run), "steps": steps, "held_out": [
         {k: e[k] for k in ("label", "successes", "graded", "rate", "ci95", "failed", "model")} for e in evals]}
+    if (run / "rescore.json").is_file():
+        rescored = json.loads((run / "rescore.json").read_text())
+        report["rescore"] = {"upstream": rescored["upstream"], "model": rescored["model"],
+                             "samples": sum(r["samples"] for r in rescored["rollouts"]), **rescored["overall"],
+                             "skipped": len(rescored["skipped"])}
     (run / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'step':>4} {'reward':>7} {'gap max':>9} {'gap mean':>9} {'sync s':>7} {'step s':>7}")
     for s in steps:
@@ -42,6 +48,10 @@ def main(run: Path) -> int:
         rate = "-" if e["rate"] is None else f"{e['rate']:.3f}"
         print(f"held-out {e['label']}: {e['successes']}/{e['graded']} = {rate} "
               f"(95% CI {e['ci95'][0]:.3f}-{e['ci95'][1]:.3f})")
+    if "rescore" in report:
+        r = report["rescore"]
+        print(f"rescored on {r['model']}: {r['tokens']} sampled tokens of {r['samples']} samples, max gap "
+              f"{r['max']:.3g}, p99 {r['p99']:.3g}; {r['skipped']} skipped")
     _plot(report, run / "report.png")
     print(f"report: {run / 'report.json'}, {run / 'report.png'}")
     return 0

@@ -116,6 +116,12 @@ def test_the_recipe_report_joins_the_steps_and_the_held_out_rates(tmp_path):
     entry = {"label": "before", "successes": 57, "graded": 200, "rate": 0.285, "ci95": list(wilson(57, 200)),
              "failed": {}, "model": "m"}
     (tmp_path / "eval" / "eval.json").write_text(json.dumps([entry]))
+    from interceptor.rescore import GapStats, RescoreReport, RolloutGap
+
+    gaps = GapStats.of([0.0, 1e-6, 3e-5])
+    rescored = RescoreReport(upstream="http://127.0.0.1:8000", model="m", overall=gaps, skipped=(), worst=(),
+                             rollouts=(RolloutGap(rollout_id="r1", samples=2, stats=gaps),))
+    (tmp_path / "rescore.json").write_bytes(rescored.to_json())
     script = Path(__file__).resolve().parents[2] / "examples" / "train_smollm2_cpu" / "report.py"
 
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
@@ -126,6 +132,8 @@ def test_the_recipe_report_joins_the_steps_and_the_held_out_rates(tmp_path):
     assert [(s["step"], s["reward"], s["step_s"]) for s in report["steps"]] == [(1, 0.25, 16.5), (2, 0.75, 4.0)]
     assert report["steps"][0]["gap_max"] == 3e-5 and report["held_out"][0]["ci95"] == entry["ci95"]
     assert "held-out before: 57/200 = 0.285" in done.stdout and (tmp_path / "report.png").is_file()
+    assert report["rescore"]["tokens"] == 3 and report["rescore"]["max"] == 3e-5 and report["rescore"]["samples"] == 2
+    assert "3 sampled tokens of 2 samples, max gap 3e-05" in done.stdout
 
 
 def test_a_family_writes_a_worked_solution_for_each_training_task_and_none_for_a_held_out_one(tmp_path):
@@ -190,6 +198,7 @@ def test_warm_start_fine_tunes_on_the_solutions_and_writes_a_checkpoint(smollm2_
     before, after = load_file(smollm2_dir / "model.safetensors"), load_file(out / "model.safetensors")
     assert set(before) == set(after) and any(not (before[k] == after[k]).all() for k in before)
     assert (out / "tokenizer.json").is_file() and "warm-started" in done.stdout
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == []  # a checkpoint, not TRL's working files
 
     refused = subprocess.run([sys.executable, "-m", "interceptor.cli", "warm-start", str(smollm2_dir), str(out),
                               "--gold", str(tmp_path / "none.jsonl"), "--prefix", str(prefix)],

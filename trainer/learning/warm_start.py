@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -112,15 +113,18 @@ def warm_start(config: WarmStartConfig) -> dict:
     rows = training_rows(tokenizer, solutions, prefix, tools)
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
     out = Path(config.out)
-    args = SFTConfig(
-        output_dir=str(out / "checkpoints"), num_train_epochs=config.epochs, learning_rate=config.learning_rate,
-        per_device_train_batch_size=1, gradient_accumulation_steps=config.batch_size, lr_scheduler_type="constant",
-        completion_only_loss=True, max_length=None, save_strategy="no", report_to="none", logging_steps=1,
-        seed=config.seed, use_cpu=not torch.cuda.is_available(), bf16=False, dataloader_num_workers=0,
-        gradient_checkpointing=False,  # TRL turns it on; a small model has the memory and not the time to recompute
-    )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
-    result = trainer.train()
+    with tempfile.TemporaryDirectory(prefix="warm-start-") as scratch:  # TRL's output_dir; nothing is kept there
+        args = SFTConfig(
+            output_dir=scratch, num_train_epochs=config.epochs, learning_rate=config.learning_rate,
+            per_device_train_batch_size=1, gradient_accumulation_steps=config.batch_size,
+            lr_scheduler_type="constant", completion_only_loss=True, max_length=None, save_strategy="no",
+            report_to="none", logging_steps=1, seed=config.seed, use_cpu=not torch.cuda.is_available(), bf16=False,
+            dataloader_num_workers=0,
+            gradient_checkpointing=False,  # TRL turns it on; a small model has the memory and not the time for it
+        )
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tokenizer)
+        result = trainer.train()
     trainer.save_model(str(out))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     summary = {
