@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci_skips import pytest_runtest_makereport  # noqa: F401  (under CI a skip fails: tests/ci_skips.py)
 from tests.fakes import ScriptedUpstream
 from tests.vllm_fixtures import vllm_server  # noqa: F401  (session-scoped real vLLM, for tests marked `vllm`)
 
