@@ -62,6 +62,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .worker import DEFAULT_MAX_STALENESS
+
 __all__ = ["TiedReloadRefused", "TrainConfig", "TrainResult", "agent_spec", "run_train_from_args", "train"]
 
 
@@ -79,7 +81,7 @@ class TrainConfig:
     samples_per_step: int = 8
     max_steps: int = 20
     learning_rate: float = 1e-4
-    max_staleness: int = 2
+    max_staleness: int = DEFAULT_MAX_STALENESS
     concurrency: int = 4
     max_empty_groups: int = 64
     seed: int = 0

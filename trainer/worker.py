@@ -35,7 +35,12 @@ from agents.tasks import Task
 
 from .advantages import GroupFilter, build_group
 
-__all__ = ["InterceptorRolloutWorker", "NoLearningSignal", "WorkerConfig"]
+__all__ = ["DEFAULT_MAX_STALENESS", "InterceptorRolloutWorker", "NoLearningSignal", "WorkerConfig"]
+
+
+# Versions a sample may lag the trainer by, for the worker and `interceptor train` alike. TRL's AsyncGRPOConfig
+# defaults to 4; two keeps samples nearer the policy being trained when a step takes minutes, as on a CPU.
+DEFAULT_MAX_STALENESS = 2
 
 
 class NoLearningSignal(RuntimeError):
@@ -46,7 +51,7 @@ class NoLearningSignal(RuntimeError):
 class WorkerConfig:
     num_generations: int = 4  # rollouts per task: one GRPO group
     samples_per_step: int = 4  # the trainer's per_device_train_batch_size
-    max_staleness: int = 4  # as AsyncGRPOConfig.max_staleness
+    max_staleness: int = DEFAULT_MAX_STALENESS  # as AsyncGRPOConfig.max_staleness
     max_inflight_groups: int | None = None  # default: ceil(max_staleness * samples_per_step / num_generations)
     filter: GroupFilter = field(default_factory=GroupFilter)
     stop_timeout_s: float = 60.0
