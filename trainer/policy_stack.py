@@ -30,10 +30,9 @@ from agents.runner import Runner, RunnerConfig
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 
 from .engine import EngineConfig, LocalEngine
+from .upstreams import LOCAL, parse_upstream
 
 __all__ = ["PolicyStack", "StackConfig"]
-
-LOCAL = "local"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,11 +52,7 @@ class StackConfig:
     view: bool = False  # serve the viewer over record_path's directory at /view on the server's port
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "upstream", tuple(self.upstream))
-        if not self.upstream:
-            raise ValueError("upstream needs 'local' or at least one URL")
-        if LOCAL in self.upstream and len(self.upstream) > 1:
-            raise ValueError("upstream is either 'local' or URLs of policy servers, not both")
+        object.__setattr__(self, "upstream", parse_upstream(self.upstream))
         if self.upstream == (LOCAL,) and self.model is None:
             raise ValueError("the local engine needs a model directory")
         if self.model is not None:

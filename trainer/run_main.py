@@ -30,6 +30,7 @@ from interceptor.config import SamplingSettings
 from interceptor.records import RolloutRecord
 
 from .policy_stack import PolicyStack, StackConfig
+from .upstreams import LOCAL, parse_upstream
 
 __all__ = ["progress_printer", "run_from_args", "summary_table"]
 
@@ -122,9 +123,13 @@ async def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "rollouts.jsonl"
-    local = args.upstream == "local"
+    try:
+        upstream = parse_upstream(args.upstream)
+    except ValueError as exc:
+        raise SystemExit(f"--upstream: {exc}") from None
+    local = upstream == (LOCAL,)
     stack_config = StackConfig(
-        upstream=("local",) if local else tuple(args.upstream.split(",")),
+        upstream=upstream,
         model=Path(args.model) if args.model else (out.parent / "model" if local else None),
         mode=args.mode,
         record_path=record_path,

@@ -59,9 +59,10 @@ import time
 import tomllib
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .upstreams import LOCAL, parse_upstream
 from .worker import DEFAULT_MAX_STALENESS
 
 __all__ = ["TiedReloadRefused", "TrainConfig", "TrainResult", "agent_spec", "run_train_from_args", "train"]
@@ -95,10 +96,12 @@ class TrainConfig:
     host: str = "127.0.0.1"
     port: int = 0
     view: bool = False
+    upstreams: tuple[str, ...] = field(init=False, repr=False)  # `upstream` parsed: ("local",) or the URLs
 
     def __post_init__(self) -> None:
         for name in ("tasks", "model", "out"):
             object.__setattr__(self, name, Path(getattr(self, name)))
+        object.__setattr__(self, "upstreams", parse_upstream(self.upstream))
         from agents.registry import trainable
 
         if self.agent not in trainable():
@@ -117,10 +120,15 @@ class TrainConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         if self.weight_sync not in ("reload", "nccl"):
             raise ValueError(f"weight_sync must be 'reload' or 'nccl', not {self.weight_sync!r}")
-        if self.weight_sync == "nccl" and (self.upstream == "local" or "," in self.upstream):
+        if self.weight_sync == "nccl" and (self.local or len(self.upstreams) > 1):
             raise ValueError("weight_sync = 'nccl' is TRL's transfer to one vLLM server: upstream must be its URL")
         if self.fleet and self.fleet != "ray" and not self.fleet.startswith("ray://"):
             raise ValueError(f"fleet must be '', 'ray' or 'ray://HOST:PORT', not {self.fleet!r}")
+
+    @property
+    def local(self) -> bool:
+        """The policy is served by the local engine in this process."""
+        return self.upstreams == (LOCAL,)
 
     @classmethod
     def load(cls, path: Path | str, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -134,7 +142,7 @@ class TrainConfig:
                 data[key.strip()] = tomllib.loads(f"v = {value}")["v"]
             except tomllib.TOMLDecodeError:
                 data[key.strip()] = value.strip()
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.init}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
@@ -215,8 +223,7 @@ async def train(config: TrainConfig) -> TrainResult:
     metrics_path.unlink(missing_ok=True)
     tasks = load_tasks(config.tasks)
     loop = asyncio.get_running_loop()
-    local = config.upstream == "local"
-    stack_config = StackConfig(upstream=("local",) if local else tuple(config.upstream.split(",")),
+    stack_config = StackConfig(upstream=config.upstreams,
                                model=config.model, record_path=config.out / "rollouts.jsonl", seed=config.seed,
                                engine_device=device, engine_dtype=dtype, host=config.host, port=config.port,
                                admin_token=os.environ.get("INTERCEPTOR_ADMIN_TOKEN") or None, view=config.view)

@@ -34,3 +34,21 @@ def test_local_and_urls_together_or_a_local_engine_without_a_model_are_refused()
         StackConfig(upstream=("local",))
     with pytest.raises(ValueError, match="at least one URL"):
         StackConfig(upstream=())
+
+
+def test_the_upstream_is_parsed_once_from_a_string_or_a_list_and_refused_when_mixed():
+    from trainer.train_main import TrainConfig
+    from trainer.upstreams import parse_upstream
+
+    assert parse_upstream("local") == ("local",)
+    assert parse_upstream(" http://a:8000/v1 , http://b:8000 ") == ("http://a:8000/v1", "http://b:8000")
+    assert parse_upstream(["http://a:8000"]) == ("http://a:8000",)
+    for bad, words in [("", "at least one"), ("local,http://a:8000", "not both"), ("http://a:8000,,", "none empty"),
+                       ([3], "URLs")]:
+        with pytest.raises(ValueError, match=words):
+            parse_upstream(bad)
+    config = TrainConfig(tasks="t.jsonl", upstream="http://a:8000,http://b:8000")
+    assert config.upstreams == ("http://a:8000", "http://b:8000") and not config.local
+    assert TrainConfig(tasks="t.jsonl").local
+    with pytest.raises(ValueError, match="not both"):
+        TrainConfig(tasks="t.jsonl", upstream="local,http://a:8000")

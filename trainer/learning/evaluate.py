@@ -85,12 +85,11 @@ async def evaluate(config, *, tasks: Path, model: Path, label: str, k: int, out:
     if not (Path(model) / "config.json").is_file():
         raise ValueError(f"{model} is not a model directory (no config.json)")
     held_out = load_tasks(tasks)
-    local = config.upstream == "local"
     records_dir = out / label
     records_dir.mkdir(parents=True, exist_ok=True)
     record_path = records_dir / "rollouts.jsonl"
     record_path.unlink(missing_ok=True)
-    stack_config = StackConfig(upstream=("local",) if local else tuple(config.upstream.split(",")), model=model,
+    stack_config = StackConfig(upstream=config.upstreams, model=model,
                                build_local_model=False, record_path=record_path, seed=config.seed)
 
     def runner_config(server) -> RunnerConfig:
