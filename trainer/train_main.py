@@ -62,6 +62,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .grpo_setup import TiedReloadRefused
 from .upstreams import LOCAL, parse_upstream
 from .worker import DEFAULT_MAX_STALENESS
 
@@ -154,10 +155,6 @@ class TrainConfig:
         return cls(**data)  # relative paths are relative to the working directory, as on a command line
 
 
-class TiedReloadRefused(ValueError):
-    """Weights would be reloaded into vLLM for a model with tied embeddings (`weight_sync.TIED_RELOAD`)."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainResult:
     steps: int  # optimizer steps taken
@@ -197,7 +194,7 @@ def _log_callback(metrics_path: Path, rewards: dict[int, float]):
 async def train(config: TrainConfig) -> TrainResult:
     import torch
     from datasets import Dataset
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from agents.runner import RunnerConfig
     from agents.tasks import load_tasks
@@ -206,10 +203,10 @@ async def train(config: TrainConfig) -> TrainResult:
     from .advantages import GroupFilter
     from .logprob_gap import with_logprob_gap
     from .policy_stack import PolicyStack, StackConfig
-    from .precision import DtypeMismatch, dtype_mismatch, generator_dtype, trainer_dtype
-    from .trl_compat import CPU_CONFIG, apply_trl_compat, resolve_attention
-    from .weight_sync import (FanOutTransfer, GatedTransfer, LocalEngineTransfer, ReloadFromDiskTransfer,
-                              tied_reload_problem)
+    from .precision import trainer_dtype
+    from .trl_compat import apply_trl_compat, resolve_attention
+    from .grpo_setup import check_the_policy_servers, grpo_args, weight_transfer
+    from .weight_sync import GatedTransfer
     from .worker import InterceptorRolloutWorker, NoLearningSignal, WorkerConfig
 
     started = time.perf_counter()
@@ -239,22 +236,8 @@ async def train(config: TrainConfig) -> TrainResult:
     async with PolicyStack(stack_config, runner=runner_config) as stack, AsyncExitStack() as stack_exit:
         engine, server, runner, model_dir = stack.engine, stack.server, stack.runner, stack.model_dir
         urls = [stack.upstream.base_url, *stack.upstream.replicas]
-        served = [await generator_dtype(url) for url in urls]
-        mismatch = next((m for m in (dtype_mismatch(dtype, s) for s in served) if m), None)
-        setup = {"attention": attention.name, "attention_reason": attention.reason, "trainer_dtype": dtype,
-                 "generator_dtype": served[0] if len(set(served)) == 1 else served, "dtype_mismatch": mismatch,
-                 "engine_device": device if engine else None,
-                 "model": str(Path(model_dir).resolve()) if model_dir else None}
-        (config.out / "setup.json").write_text(json.dumps(setup, indent=2) + "\n")
-        generator = setup["generator_dtype"] or "not reported"
-        print(f"attention: {attention.reason}; dtype: trainer {dtype}, generator {generator}", flush=True)
-        if mismatch and not config.allow_dtype_mismatch:
-            raise DtypeMismatch(mismatch + " (or set allow_dtype_mismatch = true)")
-        if mismatch:
-            print(f"warning: {mismatch}", flush=True)
-        if engine is None and config.weight_sync == "reload" and not config.allow_tied_reload:
-            if problem := tied_reload_problem(model_dir):
-                raise TiedReloadRefused(problem)
+        await check_the_policy_servers(config, urls, attention=attention, dtype=dtype,
+                                        engine_device=device if engine else None, model_dir=model_dir)
         groups = runner  # where groups run: this process's runner, or the fleet's nodes (the gate too)
         if config.fleet:
             from .fleet import Fleet, FleetConfig
@@ -276,36 +259,9 @@ async def train(config: TrainConfig) -> TrainResult:
             ),
         )
         gate = server if groups is runner else groups
-        if engine is not None:
-            inner = LocalEngineTransfer(engine, loop=loop)
-        elif config.weight_sync == "nccl":
-            inner = None  # TRL builds its NCCL WeightTransferClient (it needs vLLM importable here); gated below
-        else:  # every replica reloads the same files, each from its own directory
-            inner = FanOutTransfer(
-                ReloadFromDiskTransfer(base_url=url, weights_dir=config.out / "weights" / str(i), config_dir=model_dir)
-                for i, url in enumerate(urls)
-            ) if len(urls) > 1 else ReloadFromDiskTransfer(base_url=urls[0], weights_dir=config.out / "weights",
-                                                           config_dir=model_dir)
+        inner = weight_transfer(config, engine, urls, model_dir=model_dir, loop=loop)
         transfer = GatedTransfer(inner, gate=gate, loop=loop) if inner is not None else None
-        report_to = "trackio" if _installed("trackio") else "none"
-        args = AsyncGRPOConfig(
-            **(CPU_CONFIG if on_cpu else {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}),
-            dtype=dtype,
-            output_dir=str(config.out / "trainer"),
-            max_steps=config.max_steps,
-            per_device_train_batch_size=config.samples_per_step,
-            token_budget=0,
-            learning_rate=config.learning_rate,
-            max_staleness=config.max_staleness,
-            temperature=config.temperature,
-            activation_checkpointing=False,
-            report_to=report_to,
-            save_strategy="no",
-            logging_steps=1,
-            disable_tqdm=True,
-            seed=config.seed,
-            **({"vllm_server_base_url": urls[0].rstrip("/").removesuffix("/v1")} if transfer is None else {}),
-        )
+        args = grpo_args(config, dtype=dtype, on_cpu=on_cpu, nccl_url=urls[0] if transfer is None else None)
         rewards: dict[int, float] = {}
         trainer = with_logprob_gap(AsyncGRPOTrainer)(
             model=str(model_dir),
