@@ -8,6 +8,9 @@
 #   SERVE=vllm examples/train_smollm2_cpu/run.sh submit 2   # the policy served by vLLM (scripts/setup-vllm.sh)
 #   WARM_START=16 examples/train_smollm2_cpu/run.sh add 1   # a supervised warm-start on 16 worked solutions first
 #
+# Run again, it keeps what does not change: the imported model, the warm-started one and their evaluations
+# (`before`, `warm-start` in RUN/eval/eval.json); training and the `after` evaluation run again.
+#
 # With WARM_START=N (for a family the imported model cannot start on: GRPO has no signal at 0%) the imported model is
 # fine-tuned on N of the training split's worked solutions (`interceptor warm-start`, TRL SFT on the agent's turns),
 # evaluated as `warm-start`, and GRPO starts from it; `before` is still the imported model. WARM_SET passes options
@@ -64,13 +67,17 @@ evaluate() {  # label model
         --tasks "$run/tasks/held_out.jsonl" --model "$2" --label "$1" -k "${K:-4}" --out "$run/eval" \
         --set 'upstream="local"'
 }
-[ -n "${SKIP_BEFORE:-}" ] || evaluate before "$model"
+measured() {  # label: already in eval.json (its model does not change between runs of this script)
+    [ -f "$run/eval/eval.json" ] && "$bin/python" -c 'import json, sys
+sys.exit(0 if any(e["label"] == sys.argv[2] for e in json.load(open(sys.argv[1]))) else 1)' "$run/eval/eval.json" "$1"
+}
+[ -n "${SKIP_BEFORE:-}" ] || measured before || evaluate before "$model"
 if [ -n "${WARM_START:-}" ]; then
     "$bin/python" examples/agents/simple_agent.py --shots "$run/tasks/shots.json" --print-prefix >"$run/tasks/prefix.json"
     # shellcheck disable=SC2086  # WARM_SET is word-split on purpose
     [ -f "$run/warm/config.json" ] || "$bin/interceptor" warm-start "$model" "$run/warm" \
         --gold "$run/tasks/train_gold.jsonl" --prefix "$run/tasks/prefix.json" --transcripts "$WARM_START" ${WARM_SET:-}
-    evaluate warm-start "$run/warm"
+    measured warm-start || evaluate warm-start "$run/warm"
     model=$run/warm
 fi
 sets+=(--set "model=\"$model\"")
