@@ -209,7 +209,7 @@ def _stop_ids(renderer: Renderer, request: ChatRequest) -> list[int]:
 
 def _record(
     policy: Policy, rollout: Rollout, plan: TurnPlan, generation: Generation, request: ChatRequest, *, version: int,
-    spans_sync: bool = False,
+    spans_sync: bool,
 ) -> TurnResult:
     text = policy.renderer.decode(generation.token_ids)
     parsed = parse_output(text, tools=request.tools, calls_allowed=bool(request.tools) and request.tool_choice != "none")

@@ -173,8 +173,8 @@ async def rescore(records: Iterable[RolloutRecord], config: RescoreConfig) -> Re
         results: list[_Scored | SkippedSample | None] = [None] * len(samples)
 
         async def score(slot: int, rollout_id: str, sample: SampleRecord) -> None:
-            spanning = [n for n, t in enumerate(sample.turns) if t.spans_sync]
-            if version is not None and spanning:
+            spanning = [n for n, t in enumerate(sample.turns) if t.spans_sync] if version is not None else []
+            if spanning:
                 results[slot] = SkippedSample(
                     rollout_id=rollout_id, sample=sample.index, tokens=len(sample.input_ids),
                     reason=f"turn {spanning[0]} spans a weight sync: its tail may be a later version's than {version}",

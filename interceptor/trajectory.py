@@ -256,7 +256,7 @@ class Trajectory:
         return "the history is shorter than the latest sample's"
 
     def commit(self, plan: TurnPlan, generation: Generation, *, returned: dict, finish_reason: str,
-               malformed: bool, policy_version: int, spans_sync: bool = False) -> dict:
+               malformed: bool, policy_version: int, spans_sync: bool) -> dict:
         """Record a generated turn: the new prompt ids (mask 0), then the sampled ids (mask 1, with logprobs).
         Returns what the journal needs to rebuild the branch (its first turn also says where it came from)."""
         branch = plan.branch
