@@ -74,7 +74,7 @@ class _Loop:
         """Plan and commit the next turn, as the server does around the upstream call."""
         plan = self.trajectory.plan(self.request, TOOLS, carried=self.carried)
         self.trajectory.commit(plan, self.generation, returned=self.returned, finish_reason="tool_calls",
-                               malformed=False, policy_version=0)
+                               malformed=False, policy_version=0, spans_sync=False)
 
     def timed_turn(self) -> float:
         """The next turn's plan + commit, timed, then undone."""
