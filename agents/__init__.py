@@ -13,16 +13,16 @@ sandboxes that run them with limits.
 
 from __future__ import annotations
 
-from .claude import ClaudeAgent
-from .codex import CodexAgent
-from .command import CommandAgent
-from .errors import AgentConfigError, AgentError, AgentNotInstalled, InstallError
-from .opencode import OpenCodeAgent
-from .packages import OPENCODE, PACKAGES, PI, AgentPackage, find_binary
-from .pi import PiAgent
-from .registry import AGENTS, AgentKind, AgentSettings, build_agent
-from .sandbox import Heartbeat, LocalSandbox, LocalSandboxConfig, Outcome, RunLimits, RunResult, Sandbox
-from .spec import AgentLaunch, AgentRollout, AgentSpec
+from agents.claude import ClaudeAgent
+from agents.codex import CodexAgent
+from agents.command import CommandAgent
+from agents.errors import AgentConfigError, AgentError, AgentNotInstalled, InstallError
+from agents.opencode import OpenCodeAgent
+from agents.packages import OPENCODE, PACKAGES, PI, AgentPackage, find_binary
+from agents.pi import PiAgent
+from agents.registry import AGENTS, AgentKind, AgentSettings, build_agent
+from agents.sandbox import Heartbeat, LocalSandbox, LocalSandboxConfig, Outcome, RunLimits, RunResult, Sandbox
+from agents.spec import AgentLaunch, AgentRollout, AgentSpec
 
 __all__ = [
     "AGENTS",

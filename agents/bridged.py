@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import netbridge
-from .errors import AgentConfigError
-from .sandbox import LocalSandbox, LocalSandboxConfig
-from .spec import AgentLaunch
+from agents import netbridge
+from agents.errors import AgentConfigError
+from agents.sandbox import LocalSandbox, LocalSandboxConfig
+from agents.spec import AgentLaunch
 
 __all__ = ["BridgedSandbox"]
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AgentConfigError
+from agents.errors import AgentConfigError
 
 __all__ = ["DEFAULT_LIMITS", "Cgroup", "ResourceLimits", "cgroups_unavailable"]
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from .errors import AgentConfigError
-from .packages import CLAUDE, find_binary
-from .spec import AgentLaunch, AgentRollout, program_paths, write_private_json
+from agents.errors import AgentConfigError
+from agents.packages import CLAUDE, find_binary
+from agents.spec import AgentLaunch, AgentRollout, program_paths, write_private_json
 
 __all__ = ["ClaudeAgent"]
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from .errors import AgentConfigError
-from .packages import CODEX, find_binary
-from .spec import AgentLaunch, AgentRollout, program_paths
+from agents.errors import AgentConfigError
+from agents.packages import CODEX, find_binary
+from agents.spec import AgentLaunch, AgentRollout, program_paths
 
 __all__ = ["CodexAgent"]
 

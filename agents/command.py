@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .errors import AgentConfigError, AgentNotInstalled
-from .spec import AgentLaunch, AgentRollout, program_paths
+from agents.errors import AgentConfigError, AgentNotInstalled
+from agents.spec import AgentLaunch, AgentRollout, program_paths
 
 __all__ = ["CommandAgent"]
 

@@ -50,13 +50,13 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Self
 
-from . import netbridge, proctree
-from .cgroups import DEFAULT_LIMITS, ResourceLimits
-from .errors import AgentConfigError
-from .namespace_sandbox import SandboxUnavailable
-from .bridged import BridgedSandbox
-from .sandbox import LocalSandboxConfig
-from .spec import AgentLaunch
+from agents import netbridge, proctree
+from agents.cgroups import DEFAULT_LIMITS, ResourceLimits
+from agents.errors import AgentConfigError
+from agents.namespace_sandbox import SandboxUnavailable
+from agents.bridged import BridgedSandbox
+from agents.sandbox import LocalSandboxConfig
+from agents.spec import AgentLaunch
 
 __all__ = ["ContainerLimits", "DockerSandbox", "docker_unavailable", "remove_stale_containers"]
 

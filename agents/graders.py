@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sandbox import ExecResult
-from .tasks import Grader, Task
+from agents.sandbox import ExecResult
+from agents.tasks import Grader, Task
 
 __all__ = ["Grade", "GraderFailed", "grade"]
 
@@ -111,7 +111,7 @@ async def _grade_command(grader: Grader, run: Exec) -> Grade:
 async def _grade_swe(grader: Grader, workspace: Path, run: Exec) -> Grade:
     """Restore the files the hidden test patch touches to the base commit (the agent's edits to them are reverted
     and reported), apply the patch, run the FAIL_TO_PASS and PASS_TO_PASS tests."""
-    from .swe import apply_patch, restore_test_files  # noqa: PLC0415  (swe imports this module's types)
+    from agents.swe import apply_patch, restore_test_files  # noqa: PLC0415  (swe imports this module's types)
 
     try:
         reverted = await asyncio.to_thread(restore_test_files, grader, workspace)

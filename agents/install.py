@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import AgentError, InstallError
-from .packages import PACKAGES, STAMP, AgentPackage, agents_dir, installed_binary
+from agents.errors import AgentError, InstallError
+from agents.packages import PACKAGES, STAMP, AgentPackage, agents_dir, installed_binary
 
 __all__ = ["install_agent", "main"]
 

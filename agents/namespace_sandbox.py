@@ -58,12 +58,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Self
 
-from . import netbridge, proctree
-from .cgroups import DEFAULT_LIMITS, Cgroup, ResourceLimits, cgroups_unavailable
-from .errors import AgentConfigError, AgentError
-from .bridged import BridgedSandbox
-from .sandbox import LocalSandboxConfig
-from .spec import AgentLaunch
+from agents import netbridge, proctree
+from agents.cgroups import DEFAULT_LIMITS, Cgroup, ResourceLimits, cgroups_unavailable
+from agents.errors import AgentConfigError, AgentError
+from agents.bridged import BridgedSandbox
+from agents.sandbox import LocalSandboxConfig
+from agents.spec import AgentLaunch
 
 __all__ = ["NamespaceSandbox", "SandboxUnavailable", "namespaces_unavailable"]
 

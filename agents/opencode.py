@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .packages import OPENCODE, find_binary
-from .errors import AgentConfigError
-from .spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
+from agents.packages import OPENCODE, find_binary
+from agents.errors import AgentConfigError
+from agents.spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
 
 __all__ = ["OpenCodeAgent"]
 

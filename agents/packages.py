@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AgentConfigError, AgentNotInstalled
+from agents.errors import AgentConfigError, AgentNotInstalled
 
 __all__ = ["CLAUDE", "CODEX", "OPENCODE", "PACKAGES", "PI", "AgentPackage", "agents_dir", "find_binary", "installed_binary"]
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .packages import PI, find_binary
-from .spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
+from agents.packages import PI, find_binary
+from agents.spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
 
 __all__ = ["PiAgent"]
 

@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Self
 
-from .errors import AgentConfigError
-from .sandbox import Sandbox
+from agents.errors import AgentConfigError
+from agents.sandbox import Sandbox
 
 __all__ = ["PoolConfig", "SandboxPool"]
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .claude import ClaudeAgent
-from .codex import CodexAgent
-from .command import CommandAgent
-from .errors import AgentConfigError
-from .opencode import OpenCodeAgent
-from .packages import CLAUDE, CODEX, OPENCODE, PI, AgentPackage
-from .pi import PiAgent
-from .spec import AgentSpec
+from agents.claude import ClaudeAgent
+from agents.codex import CodexAgent
+from agents.command import CommandAgent
+from agents.errors import AgentConfigError
+from agents.opencode import OpenCodeAgent
+from agents.packages import CLAUDE, CODEX, OPENCODE, PI, AgentPackage
+from agents.pi import PiAgent
+from agents.spec import AgentSpec
 
 __all__ = ["AGENTS", "AgentKind", "AgentSettings", "build_agent", "installable", "trainable"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .registry import AGENTS
+from agents.registry import AGENTS
 
 __all__ = ["add_run_arguments"]
 

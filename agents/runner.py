@@ -36,19 +36,19 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from interceptor.config import SamplingSettings
-from interceptor.records import Failure, RolloutRecord
+from interceptor.store.records import Failure, RolloutRecord
 from interceptor.server import InterceptionServer
 
-from .answer_command import write_answer_command
-from .breaker import BreakerConfig, CircuitBreaker
-from .cgroups import ResourceLimits
-from .errors import AgentConfigError, AgentError
-from .graders import GraderFailed, grade
-from .namespace_sandbox import NamespaceSandbox, namespaces_unavailable
-from .pool import PoolConfig, SandboxPool
-from .sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
-from .spec import AgentRollout, AgentSpec, program_paths
-from .tasks import Task
+from agents.answer_command import write_answer_command
+from agents.breaker import BreakerConfig, CircuitBreaker
+from agents.cgroups import ResourceLimits
+from agents.errors import AgentConfigError, AgentError
+from agents.graders import GraderFailed, grade
+from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
+from agents.pool import PoolConfig, SandboxPool
+from agents.sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
+from agents.spec import AgentRollout, AgentSpec, program_paths
+from agents.tasks import Task
 
 __all__ = ["Runner", "RunnerConfig", "SetupFailed", "namespace_sandbox_for", "prepare_workspace"]
 
@@ -229,7 +229,7 @@ class Runner:
     def _sandbox_for(self, task: Task | None) -> tuple[Hashable, Callable[[], Sandbox]]:
         """The kind of sandbox a task runs in (the pool's key) and how to make one (None: the default kind)."""
         if self.config.sandbox is None and task is not None and task.image is not None:
-            from .docker_sandbox import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
+            from agents.docker_sandbox import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
 
             url = urlsplit(self.server.url)
             image, network = task.image, task.network

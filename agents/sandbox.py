@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Self
 
-from . import proctree
-from .errors import AgentConfigError
-from .spec import AgentLaunch
-from .spare import Started, hand_launch, put_away, until_ready
-from .supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised, tree_bytes
+from agents import proctree
+from agents.errors import AgentConfigError
+from agents.spec import AgentLaunch
+from agents.spare import Started, hand_launch, put_away, until_ready
+from agents.supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised, tree_bytes
 
 __all__ = [
     "ExecResult",

@@ -12,9 +12,9 @@ import contextlib
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
-from . import proctree
-from .errors import AgentError
-from .spec import AgentLaunch
+from agents import proctree
+from agents.errors import AgentError
+from agents.spec import AgentLaunch
 
 __all__ = ["SpareFailed", "Started", "hand_launch", "put_away", "until_ready"]
 

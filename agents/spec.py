@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .errors import AgentConfigError
+from agents.errors import AgentConfigError
 
 __all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "check_provider", "program_paths", "write_private_json"]
 

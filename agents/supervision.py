@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from . import proctree
-from .errors import AgentConfigError
-from .output import OutputTail
-from .spec import AgentLaunch
+from agents import proctree
+from agents.errors import AgentConfigError
+from agents.output import OutputTail
+from agents.spec import AgentLaunch
 
 if TYPE_CHECKING:
-    from .sandbox import LocalSandboxConfig
+    from agents.sandbox import LocalSandboxConfig
 
 __all__ = ["ExecResult", "Heartbeat", "Outcome", "RunLimits", "RunResult", "Supervised", "tree_bytes"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from .tasks import Grader, Limits, Task, TaskError
+from agents.tasks import Grader, Limits, Task, TaskError
 
 __all__ = ["DEFAULT_TEST_COMMAND", "apply_patch", "load_swe_tasks", "patch_paths", "restore_test_files"]
 

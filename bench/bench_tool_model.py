@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interceptor.parsing import parse_output  # noqa: E402
+from interceptor.wire.parsing import parse_output  # noqa: E402
 from trainer.local_model import LOCAL_TRAINING  # noqa: E402
 from trainer.tiny_model import make_tiny_model  # noqa: E402
 from trainer.agent_contexts import SHELL_TOOLS, Context, load_agent_request  # noqa: E402

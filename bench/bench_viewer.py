@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from interceptor.records import Failure, RolloutRecord, SampleRecord, TurnRecord  # noqa: E402
+from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord  # noqa: E402
 
 
 def _sample(index: int, tokens: int, rng: random.Random, fork: bool) -> SampleRecord:

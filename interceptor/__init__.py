@@ -27,18 +27,18 @@ _HOMES = {
     "SamplingSettings": "config",
     "ServerConfig": "config",
     "UpstreamConfig": "config",
-    "Failure": "records",
-    "RolloutRecord": "records",
-    "SampleRecord": "records",
-    "TurnRecord": "records",
-    "read_records": "recorder",
+    "Failure": "store.records",
+    "RolloutRecord": "store.records",
+    "SampleRecord": "store.records",
+    "TurnRecord": "store.records",
+    "read_records": "store.recorder",
 }
 
 if TYPE_CHECKING:
-    from .config import SamplingSettings, ServerConfig, UpstreamConfig
-    from .recorder import read_records
-    from .records import Failure, RolloutRecord, SampleRecord, TurnRecord
-    from .server import InterceptionServer, RolloutHandle
+    from interceptor.config import SamplingSettings, ServerConfig, UpstreamConfig
+    from interceptor.store.recorder import read_records
+    from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
+    from interceptor.server import InterceptionServer, RolloutHandle
 
 
 def __getattr__(name: str):

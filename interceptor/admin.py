@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .config import SamplingSettings
-from .errors import BadRequest, ConfigError, NotFound, Unauthorized, json_response
-from .protocol import ensure_serialisable, parse_json_body
-from .records import Failure
-from .request_body import read_body
+from interceptor.config import SamplingSettings
+from interceptor.errors import BadRequest, ConfigError, NotFound, Unauthorized, json_response
+from interceptor.wire.protocol import ensure_serialisable, parse_json_body
+from interceptor.store.records import Failure
+from interceptor.wire.request_body import read_body
 
 if TYPE_CHECKING:
-    from .server import InterceptionServer
+    from interceptor.server import InterceptionServer
 
 __all__ = ["add_admin_routes", "authorize_admin"]
 

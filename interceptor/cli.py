@@ -90,25 +90,25 @@ class _Unavailable:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serve_main import run_serve_from_args
+    from interceptor.serve_main import run_serve_from_args
 
     return run_serve_from_args(args)
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .inspect import run_inspect_from_args
+    from interceptor.tools.inspect import run_inspect_from_args
 
     return run_inspect_from_args(args)
 
 
 def _view(args: argparse.Namespace) -> int:
-    from .viewer.main import run_view_from_args
+    from interceptor.viewer.main import run_view_from_args
 
     return run_view_from_args(args)
 
 
 def _rescore(args: argparse.Namespace) -> int:
-    from .rescore import run_rescore_from_args
+    from interceptor.tools.rescore import run_rescore_from_args
 
     return run_rescore_from_args(args)
 
@@ -168,7 +168,7 @@ def _register_own(commands: CommandRegistry) -> None:
     inspect.add_argument("--model", help="a model directory whose tokenizer decodes the spans")
     view = commands.add("view", _view, "a web page over a run's records and metrics: the table, each rollout's tokens, "
                                        "live while the run writes")
-    from .viewer.arguments import add_view_arguments
+    from interceptor.viewer.arguments import add_view_arguments
 
     add_view_arguments(view)
     rescore = commands.add("rescore", _rescore, "score a run's samples on a policy server again and report the gap "

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from .errors import ConfigError
+from interceptor.errors import ConfigError
 
 __all__ = ["Mode", "SamplingSettings", "ServerConfig", "UpstreamConfig"]
 

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from .server import InterceptionServer
+    from interceptor.server import InterceptionServer
 
 __all__ = ["ServerMetrics"]
 
@@ -52,7 +52,7 @@ class ServerMetrics:
         """The `GET /metrics` handler: the admin token asked for when one is configured."""
         from aiohttp import web
 
-        from .admin import authorize_admin
+        from interceptor.admin import authorize_admin
 
         async def metrics(request: web.Request) -> web.Response:
             if admin_token is not None:

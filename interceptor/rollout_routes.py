@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .dialects.messages import MESSAGES
-from .errors import BadRequest, NotFound, json_response
-from .protocol import ensure_serialisable, parse_json_body
-from .request_body import read_body
+from interceptor.wire.dialects.messages import MESSAGES
+from interceptor.errors import BadRequest, NotFound, json_response
+from interceptor.wire.protocol import ensure_serialisable, parse_json_body
+from interceptor.wire.request_body import read_body
 
 if TYPE_CHECKING:
-    from .server import InterceptionServer
+    from interceptor.server import InterceptionServer
 
 __all__ = ["add_rollout_routes"]
 

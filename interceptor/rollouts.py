@@ -25,15 +25,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from .body_cache import BodyCache
-from .config import SamplingSettings
-from .errors import Conflict, NotFound, Unauthorized
-from .journal import Journal
-from .protocol import same_json
-from .records import Failure, RolloutRecord, RolloutStatus
-from .trace_log import TraceLog
-from .trajectory import Trajectory
-from .upstream import AttemptBudget
+from interceptor.wire.body_cache import BodyCache
+from interceptor.config import SamplingSettings
+from interceptor.errors import Conflict, NotFound, Unauthorized
+from interceptor.store.journal import Journal
+from interceptor.wire.protocol import same_json
+from interceptor.store.records import Failure, RolloutRecord, RolloutStatus
+from interceptor.store.trace_log import TraceLog
+from interceptor.gate.trajectory import Trajectory
+from interceptor.transport.upstream import AttemptBudget
 
 __all__ = ["Attempts", "Rollout", "RolloutRegistry", "RolloutView", "TurnResult", "TurnTrace"]
 

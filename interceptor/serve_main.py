@@ -19,9 +19,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import ServerConfig, UpstreamConfig
-from .errors import ConfigError
-from .workers import ShardedServer
+from interceptor.config import ServerConfig, UpstreamConfig
+from interceptor.errors import ConfigError
+from interceptor.workers import ShardedServer
 
 __all__ = ["run_serve_from_args"]
 
@@ -54,7 +54,7 @@ async def _serve(config: ServerConfig, token_file: Path | None, workers: int) ->
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if workers == 1:
-        from .server import InterceptionServer  # only here: a front with workers never loads the tokenizer stack
+        from interceptor.server import InterceptionServer  # only here: a front with workers never loads the tokenizer stack
 
         server: InterceptionServer | ShardedServer = InterceptionServer(config)
     else:

@@ -34,30 +34,30 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .admin import add_admin_routes
-from .body_budget import BodyBudget
-from .config import SamplingSettings, ServerConfig
-from .dialects import Dialect, error_for
-from .dialects.chat import CHAT
-from .dialects.messages import MESSAGES
-from .dialects.responses import RESPONSES
-from .errors import ConfigError, Conflict, errors_middleware_for, json_response
-from .gate import Policy
-from .lane import Lane, LaneRequest
-from .lane_routes import LaneRoutes, from_aiohttp
-from .journal import Journal, journal_segments, recover_journal
-from .record_lock import hold_record_file
-from .records import Failure, RolloutRecord, RolloutStatus
-from .request_body import BodyLimits
-from .recorder import Recorder
-from .rendering import Renderer, RendererConfig
-from .rollout_routes import add_rollout_routes
-from .rollouts import Rollout, RolloutRegistry, RolloutView
-from .trajectory import Trajectory
-from .turns import Turns, lane_error
-from .metrics import ServerMetrics
-from .mounts import mount_under
-from .replicas import ReplicaSet
+from interceptor.admin import add_admin_routes
+from interceptor.wire.body_budget import BodyBudget
+from interceptor.config import SamplingSettings, ServerConfig
+from interceptor.wire.dialects import Dialect, error_for
+from interceptor.wire.dialects.chat import CHAT
+from interceptor.wire.dialects.messages import MESSAGES
+from interceptor.wire.dialects.responses import RESPONSES
+from interceptor.errors import ConfigError, Conflict, errors_middleware_for, json_response
+from interceptor.gate.turn import Policy
+from interceptor.transport.lane import Lane, LaneRequest
+from interceptor.transport.lane_routes import LaneRoutes, from_aiohttp
+from interceptor.store.journal import Journal, journal_segments, recover_journal
+from interceptor.store.record_lock import hold_record_file
+from interceptor.store.records import Failure, RolloutRecord, RolloutStatus
+from interceptor.wire.request_body import BodyLimits
+from interceptor.store.recorder import Recorder
+from interceptor.tokens.rendering import Renderer, RendererConfig
+from interceptor.rollout_routes import add_rollout_routes
+from interceptor.rollouts import Rollout, RolloutRegistry, RolloutView
+from interceptor.gate.trajectory import Trajectory
+from interceptor.turns import Turns, lane_error
+from interceptor.metrics import ServerMetrics
+from interceptor.mounts import mount_under
+from interceptor.transport.replicas import ReplicaSet
 
 __all__ = ["InterceptionServer", "RolloutHandle", "HostTool"]
 

@@ -39,9 +39,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .config import ServerConfig
-from .admin import authorize_admin
-from .errors import NotFound, WorkerUnavailable, errors_middleware_for, json_response
+from interceptor.config import ServerConfig
+from interceptor.admin import authorize_admin
+from interceptor.errors import NotFound, WorkerUnavailable, errors_middleware_for, json_response
 
 __all__ = ["ShardedServer", "worker_record_path"]
 
@@ -77,7 +77,7 @@ def _worker_main(config: ServerConfig, conn: Connection) -> None:
 
 
 async def _serve_worker(config: ServerConfig, conn: Connection) -> None:
-    from .server import InterceptionServer  # here, not above: the parent never loads the tokenizer stack (~3 s)
+    from interceptor.server import InterceptionServer  # here, not above: the parent never loads the tokenizer stack (~3 s)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

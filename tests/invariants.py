@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from interceptor.records import RolloutRecord
+from interceptor.store.records import RolloutRecord
 from tests.fakes import Call
 
 __all__ = ["assert_token_exact"]

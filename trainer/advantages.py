@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from interceptor.records import RolloutRecord
+from interceptor.store.records import RolloutRecord
 
 __all__ = ["GroupFilter", "GroupOutcome", "build_group"]
 

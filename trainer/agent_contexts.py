@@ -51,9 +51,9 @@ def load_agent_request(path: Path) -> Context:
     tool of one of the agents' shapes. The capture is either the request body or `{"request": body, ...}`, in chat
     completions, Messages (a `system`, or tools with `input_schema`) or Responses (`input`) form, read with the
     server's own dialect parsers."""
-    from interceptor.dialects.messages import MESSAGES
-    from interceptor.dialects.responses import RESPONSES
-    from interceptor.protocol import normalize_messages
+    from interceptor.wire.dialects.messages import MESSAGES
+    from interceptor.wire.dialects.responses import RESPONSES
+    from interceptor.wire.protocol import normalize_messages
 
     body = json.loads(Path(path).read_text(encoding="utf-8"))
     body = body.get("request", body)

@@ -23,13 +23,13 @@ __all__ = ["register"]
 def _make_tiny_model(args: argparse.Namespace) -> int:
     """OUT is replaced when it is absent, empty or a model this command wrote; anything else is refused (exit 2).
     With --tool-calling, OUT is kept when it already holds that exact trained model."""
-    from .tiny_model import ModelDirError, TinyModelSpec, make_tiny_model
+    from trainer.tiny_model import ModelDirError, TinyModelSpec, make_tiny_model
 
     try:
         if args.tool_calling:
             import dataclasses
 
-            from .local_model import LOCAL_TRAINING, make_local_model
+            from trainer.local_model import LOCAL_TRAINING, make_local_model
 
             training = LOCAL_TRAINING
             if args.train_steps is not None:  # a weaker policy, as trained: no corrective steps after the check
@@ -47,8 +47,8 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 def _make_model(args: argparse.Namespace) -> int:
     """A real pretrained model a package ships (`trainer.packaged_model`), written to OUT as a checkpoint."""
-    from .packaged_model import PackagedModelMissing, import_packaged_model
-    from .tiny_model import ModelDirError
+    from trainer.packaged_model import PackagedModelMissing, import_packaged_model
+    from trainer.tiny_model import ModelDirError
 
     try:
         out = import_packaged_model(args.name, args.out, dtype=args.dtype, untie=args.untie_embeddings)
@@ -60,43 +60,43 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from .engine.main import run_engine_from_args
+    from trainer.engine.main import run_engine_from_args
 
     return run_engine_from_args(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .run_main import run_from_args
+    from trainer.run_main import run_from_args
 
     return run_from_args(args)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .train_main import run_train_from_args
+    from trainer.train_main import run_train_from_args
 
     return run_train_from_args(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo_from_args
+    from trainer.demo import run_demo_from_args
 
     return run_demo_from_args(args)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .learning.evaluate import run_evaluate_from_args
+    from trainer.learning.evaluate import run_evaluate_from_args
 
     return run_evaluate_from_args(args)
 
 
 def _warm_start(args: argparse.Namespace) -> int:
-    from .learning.warm_start import run_warm_start_from_args
+    from trainer.learning.warm_start import run_warm_start_from_args
 
     return run_warm_start_from_args(args)
 
 
 def _make_tasks(args: argparse.Namespace) -> int:
-    from .learning.families import write_family
+    from trainer.learning.families import write_family
 
     try:
         described = write_family(args.family, args.out, seed=args.seed, train=args.train, held_out=args.held_out,
@@ -110,7 +110,7 @@ def _make_tasks(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .replay import run_replay_from_args
+    from trainer.replay import run_replay_from_args
 
     return run_replay_from_args(args)
 
@@ -165,7 +165,7 @@ def register(commands: CommandRegistry) -> None:
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a key of the config file (the value is read as TOML); repeatable")
 
-    from .learning.families import FAMILIES
+    from trainer.learning.families import FAMILIES
 
     tasks = commands.add("make-tasks", _make_tasks, "generate a task family's training and held-out splits (no shared "
                                                     "instance) and worked examples, from a seed")
@@ -176,13 +176,13 @@ def register(commands: CommandRegistry) -> None:
     tasks.add_argument("--held-out", type=int, default=100, help="held-out tasks")
     tasks.add_argument("--shots", type=int, default=3, help="worked examples for the few-shot agent")
 
-    from .learning.evaluate import add_evaluate_arguments
+    from trainer.learning.evaluate import add_evaluate_arguments
 
     evaluate = commands.add("evaluate", _evaluate, "a checkpoint's held-out success rate with its Wilson interval, "
                                                    "through the training config's agent; writes JSON and a plot")
     add_evaluate_arguments(evaluate)
 
-    from .learning.warm_start import add_warm_start_arguments
+    from trainer.learning.warm_start import add_warm_start_arguments
 
     warm = commands.add("warm-start", _warm_start, "a short supervised fine-tune on a family's training solutions "
                                                    "(TRL SFT, loss on the agent's turns), before GRPO")

@@ -20,10 +20,10 @@ import aiohttp
 from openai import AsyncOpenAI
 
 from interceptor import SamplingSettings
-from interceptor.inspect import show_rollout, summarise
+from interceptor.tools.inspect import show_rollout, summarise
 
-from .policy_stack import PolicyStack, StackConfig
-from .tiny_model import make_tiny_model
+from trainer.policy_stack import PolicyStack, StackConfig
+from trainer.tiny_model import make_tiny_model
 
 __all__ = ["collect_message", "run_demo_from_args"]
 

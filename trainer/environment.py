@@ -42,8 +42,8 @@ from agents.graders import GraderFailed, grade
 from agents.sandbox import Sandbox
 from agents.tasks import Task, load_tasks
 
-from .environment_host import GRADER_PATHS, OpenedSandbox, SandboxFailed, SandboxHost
-from .environment_tools import ToolError, bounded, tool, workspace_path
+from trainer.environment_host import GRADER_PATHS, OpenedSandbox, SandboxFailed, SandboxHost
+from trainer.environment_tools import ToolError, bounded, tool, workspace_path
 
 __all__ = ["EnvironmentConfig", "EpisodeState", "TaskEnvironment", "environment_factory_for", "grader_reward",
            "task_dataset"]

@@ -27,11 +27,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .tiny_model import TinyModelSpec, VocabShape, tiny_tokenizer, vocab_shape
+from trainer.tiny_model import TinyModelSpec, VocabShape, tiny_tokenizer, vocab_shape
 
 if TYPE_CHECKING:
-    from .tool_steps import Episode, Step
-    from .tool_model import ToolTrainingSpec
+    from trainer.tool_steps import Episode, Step
+    from trainer.tool_model import ToolTrainingSpec
 
 __all__ = ["EpisodeProcess", "EpisodeWorkerGone"]
 
@@ -171,7 +171,7 @@ class EpisodeProcess:
 
 def _serve(conn: Connection) -> None:
     """The worker: answer each request in turn until the pipe closes."""
-    from .tool_episodes import EpisodeMaker
+    from trainer.tool_episodes import EpisodeMaker
 
     tokenizer = maker = None
     while True:

@@ -32,9 +32,9 @@ import orjson
 
 from agents.runner import RunnerConfig
 from agents.tasks import Task
-from interceptor.records import Failure, RolloutRecord
+from interceptor.store.records import Failure, RolloutRecord
 
-from .policy_stack import PolicyStack, StackConfig
+from trainer.policy_stack import PolicyStack, StackConfig
 
 __all__ = ["Fleet", "FleetConfig", "NodeLeaving", "NodeLost"]
 

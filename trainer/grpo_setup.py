@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .train_main import TrainConfig
+    from trainer.train_main import TrainConfig
 
 __all__ = ["TiedReloadRefused", "check_the_policy_servers", "grpo_args", "weight_transfer"]
 
@@ -22,8 +22,8 @@ async def check_the_policy_servers(config: TrainConfig, urls: list[str], *, atte
                                     engine_device: str | None, model_dir) -> None:
     """Write `setup.json` (attention, both dtypes, device, model) and refuse what would train on wrong numbers: a
     generator serving another dtype (unless allowed), a tied model reloaded into a policy server (unless allowed)."""
-    from .precision import DtypeMismatch, dtype_mismatch, generator_dtype
-    from .weight_sync import tied_reload_problem
+    from trainer.precision import DtypeMismatch, dtype_mismatch, generator_dtype
+    from trainer.weight_sync import tied_reload_problem
 
     served = [await generator_dtype(url) for url in urls]
     mismatch = next((m for m in (dtype_mismatch(dtype, s) for s in served) if m), None)
@@ -45,7 +45,7 @@ async def check_the_policy_servers(config: TrainConfig, urls: list[str], *, atte
 def weight_transfer(config: TrainConfig, engine, urls: list[str], *, model_dir, loop):
     """How weights reach the policy server(s): into the in-process engine, from disk into each vLLM replica, or
     None for TRL's own NCCL client (built by the trainer; it needs vLLM importable here)."""
-    from .weight_sync import FanOutTransfer, LocalEngineTransfer, ReloadFromDiskTransfer
+    from trainer.weight_sync import FanOutTransfer, LocalEngineTransfer, ReloadFromDiskTransfer
 
     if engine is not None:
         return LocalEngineTransfer(engine, loop=loop)
@@ -61,7 +61,7 @@ def weight_transfer(config: TrainConfig, engine, urls: list[str], *, model_dir, 
 def grpo_args(config: TrainConfig, *, dtype: str, on_cpu: bool, nccl_url: str | None):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from .trl_compat import CPU_CONFIG
+    from trainer.trl_compat import CPU_CONFIG
 
     return AsyncGRPOConfig(
         **(CPU_CONFIG if on_cpu else {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}),

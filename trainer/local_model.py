@@ -22,10 +22,10 @@ import signal
 import sys
 from pathlib import Path
 
-from .episode_process import EpisodeProcess
-from .tiny_model import (BuiltModel, ModelDirError, TinyModelSpec, building, check_replaceable, import_qwen3,
+from trainer.episode_process import EpisodeProcess
+from trainer.tiny_model import (BuiltModel, ModelDirError, TinyModelSpec, building, check_replaceable, import_qwen3,
                          read_built_model, record_built_model, remove_abandoned_builds, write_random_weights)
-from .tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
+from trainer.tool_model import ToolTrainingSpec, tool_model_spec, train_tool_calling
 
 __all__ = ["LOCAL_MODEL_ERRORS", "LOCAL_MODEL_SPEC", "LOCAL_TRAINING", "LocalModelBuildFailed", "ensure_local_model",
            "local_model_error_exit", "make_local_model", "prepare_local_model"]

@@ -11,7 +11,7 @@ the tokenizer and a chat template that calls tools:
 
 - the model's ChatML turns (`<|im_start|>role\\n...<|im_end|>\\n`) and its default system line;
 - Hermes-style tools, as Qwen2.5's template writes them: the tools' JSON in the system turn, each call as
-  `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` (what `interceptor.parsing` reads back);
+  `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` (what `interceptor.wire.parsing` reads back);
 - each tool result its own `user` turn in `<tool_response>` tags, so a conversation that grows by tool results
   renders as an extension of what came before (checked prefix-preserving at build time, as TRL checks).
 
@@ -26,7 +26,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tiny_model import BuiltModel, building, record_built_model
+from trainer.tiny_model import BuiltModel, building, record_built_model
 
 __all__ = ["PACKAGED_MODELS", "PackagedModel", "PackagedModelMissing", "import_packaged_model", "packaged_file"]
 

@@ -5,7 +5,7 @@
 
 - The policy server: `upstream=("local",)` builds the embedded default in `model` if it is not there yet
   (`trainer.local_model`) and starts the local engine in this process (on `engine_device`, in `engine_dtype`);
-  otherwise `upstream` is the URL of vLLM, or of several replicas of it (`interceptor.replicas`: each rollout
+  otherwise `upstream` is the URL of vLLM, or of several replicas of it (`interceptor.transport.replicas`: each rollout
   pinned to one), or of any OpenAI-style API in `black_box` mode (its key from `INTERCEPTOR_UPSTREAM_API_KEY`,
   never from argv).
 - The interception server in `mode`, recording to `record_path`, on `host`:`port` (an admin API with
@@ -29,8 +29,8 @@ from pathlib import Path
 from agents.runner import Runner, RunnerConfig
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 
-from .engine import EngineConfig, LocalEngine
-from .upstreams import LOCAL, parse_upstream
+from trainer.engine import EngineConfig, LocalEngine
+from trainer.upstreams import LOCAL, parse_upstream
 
 __all__ = ["PolicyStack", "StackConfig"]
 
@@ -83,7 +83,7 @@ class PolicyStack:
         async with AsyncExitStack() as stack:
             if config.local:
                 if config.build_local_model:
-                    from .local_model import prepare_local_model
+                    from trainer.local_model import prepare_local_model
 
                     self.model_dir = await prepare_local_model(config.model)
                 self.engine = await stack.enter_async_context(LocalEngine(EngineConfig(

@@ -1,7 +1,7 @@
 """`interceptor replay RECORDS --rollout ID --tasks FILE`: run a real agent again against a recorded rollout, with no
 model, to reproduce it or to see whether the interception still holds after the agent changed.
 
-The policy server is the record itself (`interceptor.replay_upstream.ReplayUpstream`): every chat call the agent
+The policy server is the record itself (`interceptor.tools.replay_upstream.ReplayUpstream`): every chat call the agent
 makes is rendered by the interception gate as in training, matched to the recorded turn whose prompt it equals
 (token for token, or after normalising dates, sandbox paths and the host's OS version) and answered with the tokens
 that turn sampled, streamed in the agent's dialect. The agent runs its tools for real in a fresh sandbox and the
@@ -27,9 +27,9 @@ from agents.runner import Runner, RunnerConfig
 from agents.spec import AgentSpec
 from agents.tasks import Task, load_tasks
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
-from interceptor.recorder import read_records
-from interceptor.records import RolloutRecord
-from interceptor.replay_upstream import Divergence, Outcome, ReplayUpstream
+from interceptor.store.recorder import read_records
+from interceptor.store.records import RolloutRecord
+from interceptor.tools.replay_upstream import Divergence, Outcome, ReplayUpstream
 from interceptor.viewer.main import run_model
 
 __all__ = ["ReplayReport", "replay_rollout", "run_replay_from_args"]
@@ -123,7 +123,7 @@ async def replay_rollout(record: RolloutRecord, task: Task, *, agent: AgentSpec 
 async def _replay(args: argparse.Namespace) -> int:
     from agents.sandbox import LocalSandbox
 
-    from .run_main import _agent
+    from trainer.run_main import _agent
 
     records = Path(args.records)
     matches = [r for r in read_records(records) if r.rollout_id == args.rollout]

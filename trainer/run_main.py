@@ -27,10 +27,10 @@ from agents.sandbox import LocalSandbox
 from agents.spec import AgentSpec
 from agents.tasks import load_tasks
 from interceptor.config import SamplingSettings
-from interceptor.records import RolloutRecord
+from interceptor.store.records import RolloutRecord
 
-from .policy_stack import PolicyStack, StackConfig
-from .upstreams import LOCAL, parse_upstream
+from trainer.policy_stack import PolicyStack, StackConfig
+from trainer.upstreams import LOCAL, parse_upstream
 
 __all__ = ["progress_printer", "run_from_args", "summary_table"]
 
@@ -162,7 +162,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from .local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
+    from trainer.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
 
     try:
         return asyncio.run(run(args))

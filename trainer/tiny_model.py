@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from interceptor.templates import trl_chat_template
+from interceptor.tokens.templates import trl_chat_template
 
 __all__ = [
     "MARKER",

@@ -8,12 +8,12 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .tool_steps import Episode, Step
-from .tool_texts import TOOL_OUTPUTS
+from trainer.tool_steps import Episode, Step
+from trainer.tool_texts import TOOL_OUTPUTS
 
 if TYPE_CHECKING:
-    from .tool_episodes import EpisodeMaker
-    from .tool_model import ToolTrainingSpec
+    from trainer.tool_episodes import EpisodeMaker
+    from trainer.tool_model import ToolTrainingSpec
 
 __all__ = ["BuildChecks", "corrected"]
 

@@ -19,17 +19,17 @@ import random
 import re
 from typing import TYPE_CHECKING
 
-from interceptor.chunk_ids import ChunkIds, cut_after
+from interceptor.tokens.chunk_ids import ChunkIds, cut_after
 
-from .agent_contexts import SHELL_TOOLS, Context, load_agent_request
-from .tool_steps import Episode, Step, first_target, last_target
-from .tool_texts import (
+from trainer.agent_contexts import SHELL_TOOLS, Context, load_agent_request
+from trainer.tool_steps import Episode, Step, first_target, last_target
+from trainer.tool_texts import (
     AFTER_SYSTEMS, DISTRACTIONS, FILLER_WORDS, OTHER_TOOLS, SHELL_MENTION_RATE, SHELL_MENTIONS, SHELL_WORDS,
     SHORT_SYSTEMS, TASK_PREFIXES, TASKS, TOOL_OUTPUTS,
 )
 
 if TYPE_CHECKING:
-    from .tool_model import ToolTrainingSpec
+    from trainer.tool_model import ToolTrainingSpec
 
 __all__ = ["BASH_TOOL", "DONE_TEXT", "TITLE_TEXT", "EpisodeMaker", "answer_call", "shell_tool"]
 

@@ -78,17 +78,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .copy_circuit import ROPE_THETA, wire_copy_circuit
-from .heap import retained_heap
-from .precision import cpu_multiplies_bf16
-from .tool_check import BuildChecks, corrected
-from .tool_episodes import BASH_TOOL, DONE_TEXT, EpisodeMaker, answer_call
-from .tool_forward import hidden_states, prefix_and_interlude, prefix_states
-from .tool_steps import Episode, Step
-from .trainable_rows import TrainableRows
+from trainer.copy_circuit import ROPE_THETA, wire_copy_circuit
+from trainer.heap import retained_heap
+from trainer.precision import cpu_multiplies_bf16
+from trainer.tool_check import BuildChecks, corrected
+from trainer.tool_episodes import BASH_TOOL, DONE_TEXT, EpisodeMaker, answer_call
+from trainer.tool_forward import hidden_states, prefix_and_interlude, prefix_states
+from trainer.tool_steps import Episode, Step
+from trainer.trainable_rows import TrainableRows
 
 if TYPE_CHECKING:
-    from .episode_process import EpisodeProcess
+    from trainer.episode_process import EpisodeProcess
 
 __all__ = [
     "BASH_TOOL",
@@ -105,7 +105,7 @@ __all__ = [
 def tool_model_spec(*, real_vocab: bool = True, seed: int = 0):
     """The `TinyModelSpec` whose shape the structured initialisation needs (4 heads of 64, hidden 128). The context
     is 32k because OpenCode's first request alone is ~7.2k tokens."""
-    from .tiny_model import TinyModelSpec
+    from trainer.tiny_model import TinyModelSpec
 
     return TinyModelSpec(
         hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=64,

@@ -23,6 +23,8 @@ The config file is TOML; every key is optional except `tasks`:
     concurrency = 4
     max_empty_groups = 64           # groups in a row with no reward spread (nothing to learn) before the run stops
                                     # early, saving the policy it has
+    max_failed_groups = 4           # groups in a row whose every rollout failed (a broken agent, sandbox or policy
+                                    # server) before the run fails (exit 1), saving the policy it has
     attention = "auto"              # auto | fa3 | torch: TRL's FA3 kernel where it loads, else torch (trl_compat.py)
     dtype = "auto"                  # auto | float32 | bfloat16 | float16: bf16 on a CUDA GPU, fp32 on CPU
     allow_dtype_mismatch = false    # train even when the generator serves another dtype (precision.py)
@@ -62,9 +64,9 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .grpo_setup import TiedReloadRefused
-from .upstreams import LOCAL, parse_upstream
-from .worker import DEFAULT_MAX_STALENESS
+from trainer.grpo_setup import TiedReloadRefused
+from trainer.upstreams import LOCAL, parse_upstream
+from trainer.worker import DEFAULT_MAX_STALENESS
 
 __all__ = ["TiedReloadRefused", "TrainConfig", "TrainResult", "agent_spec", "run_train_from_args", "train"]
 
@@ -86,6 +88,7 @@ class TrainConfig:
     max_staleness: int = DEFAULT_MAX_STALENESS
     concurrency: int = 4
     max_empty_groups: int = 64
+    max_failed_groups: int = 4
     seed: int = 0
     attention: str = "auto"
     dtype: str = "auto"
@@ -107,11 +110,12 @@ class TrainConfig:
 
         if self.agent not in trainable():
             raise ValueError(f"agent must be one of {', '.join(trainable())}, not {self.agent!r}")
-        if self.max_steps < 1 or self.num_generations < 2 or self.samples_per_step < 1 or self.max_empty_groups < 1:
-            raise ValueError("max_steps >= 1, num_generations >= 2, samples_per_step >= 1 and max_empty_groups >= 1 "
-                             "are needed")
-        from .precision import DTYPES
-        from .trl_compat import ATTENTION_CHOICES
+        if (self.max_steps < 1 or self.num_generations < 2 or self.samples_per_step < 1 or self.max_empty_groups < 1
+                or self.max_failed_groups < 1):
+            raise ValueError("max_steps >= 1, num_generations >= 2, samples_per_step >= 1, max_empty_groups >= 1 and "
+                             "max_failed_groups >= 1 are needed")
+        from trainer.precision import DTYPES
+        from trainer.trl_compat import ATTENTION_CHOICES
 
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {self.attention!r}")
@@ -159,6 +163,7 @@ class TrainConfig:
 class TrainResult:
     steps: int  # optimizer steps taken
     stopped_early: str | None  # why the run ended before max_steps (no learning signal left), else None
+    failed: str | None  # why the run failed (every rollout of `max_failed_groups` groups in a row failed), else None
     reward_per_step: list[float]
     engine_weight_version: int | None
     samples: list[tuple[int, float, int]]  # (group_id, advantage, model_version) of every sample trained on
@@ -200,14 +205,14 @@ async def train(config: TrainConfig) -> TrainResult:
     from agents.tasks import load_tasks
     from interceptor import SamplingSettings
 
-    from .advantages import GroupFilter
-    from .logprob_gap import with_logprob_gap
-    from .policy_stack import PolicyStack, StackConfig
-    from .precision import trainer_dtype
-    from .trl_compat import apply_trl_compat, resolve_attention
-    from .grpo_setup import check_the_policy_servers, grpo_args, weight_transfer
-    from .weight_sync import GatedTransfer
-    from .worker import InterceptorRolloutWorker, NoLearningSignal, WorkerConfig
+    from trainer.advantages import GroupFilter
+    from trainer.logprob_gap import with_logprob_gap
+    from trainer.policy_stack import PolicyStack, StackConfig
+    from trainer.precision import trainer_dtype
+    from trainer.trl_compat import apply_trl_compat, resolve_attention
+    from trainer.grpo_setup import check_the_policy_servers, grpo_args, weight_transfer
+    from trainer.weight_sync import GatedTransfer
+    from trainer.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
 
     started = time.perf_counter()
     on_cpu = not torch.cuda.is_available()
@@ -240,7 +245,7 @@ async def train(config: TrainConfig) -> TrainResult:
                                         engine_device=device if engine else None, model_dir=model_dir)
         groups = runner  # where groups run: this process's runner, or the fleet's nodes (the gate too)
         if config.fleet:
-            from .fleet import Fleet, FleetConfig
+            from trainer.fleet import Fleet, FleetConfig
 
             groups = await stack_exit.enter_async_context(Fleet(FleetConfig(
                 upstream=tuple(urls), model=model_dir, out=config.out, runner=runner_config(server),
@@ -256,6 +261,7 @@ async def train(config: TrainConfig) -> TrainResult:
                 max_staleness=config.max_staleness,
                 filter=GroupFilter(),
                 max_empty_groups=config.max_empty_groups,
+                max_failed_groups=config.max_failed_groups,
             ),
         )
         gate = server if groups is runner else groups
@@ -273,12 +279,14 @@ async def train(config: TrainConfig) -> TrainResult:
         )
         if transfer is None:  # TRL's own NCCL client: every sync still goes through the interception gate
             trainer.weight_transfer = GatedTransfer(trainer.weight_transfer, gate=gate, loop=loop)
-        stopped_early = None
+        stopped_early = failed = None
         try:
             await asyncio.to_thread(trainer.train)
         except NoLearningSignal as exc:  # what was learned so far is kept: saved below like a finished run's
             stopped_early = str(exc)
             print(f"stopped after step {trainer.state.global_step}: {exc}", flush=True)
+        except RolloutsFailing as exc:  # a fault, not the policy's doing: saved too, and the command fails
+            failed = str(exc)
         await asyncio.to_thread(trainer.save_model, str(config.out / "final"))  # the trained policy, with its tokenizer
         version = engine.weight_version if engine is not None else None
     per_step = [rewards[step] for step in sorted(rewards)]
@@ -286,6 +294,7 @@ async def train(config: TrainConfig) -> TrainResult:
     return TrainResult(
         steps=trainer.state.global_step,
         stopped_early=stopped_early,
+        failed=failed,
         reward_per_step=per_step,
         engine_weight_version=version,
         samples=list(worker.pushed),
@@ -326,9 +335,9 @@ def run_train_from_args(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"interceptor train: error: {exc}", file=sys.stderr)
         return 2
-    from .local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
+    from trainer.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
 
-    from .precision import DtypeMismatch
+    from trainer.precision import DtypeMismatch
 
     try:
         result = asyncio.run(train(config))
@@ -337,6 +346,10 @@ def run_train_from_args(args: argparse.Namespace) -> int:
     except (DtypeMismatch, TiedReloadRefused) as exc:
         print(f"interceptor train: error: {exc}", file=sys.stderr)
         return 2
+    if result.failed:
+        print(f"interceptor train: error: after {result.steps} steps: {result.failed}\n"
+              f"the policy so far: {config.out / 'final'}", file=sys.stderr)
+        return 1
     if result.stopped_early:
         print(f"\nstopped early: {result.stopped_early}")
     print(f"\n{result.steps} steps in {result.seconds:.0f}s; mean reward per step: "

@@ -14,7 +14,7 @@ The tensors are the live (detached) parameters: they must be copied before `send
   `/resume`. The pause is not optional: a reload alone leaves keys and values computed with the old weights in
   vLLM's prefix cache.
 - NCCL on GPU is TRL's own `WeightTransferClient`, which the trainer builds when given `weight_transfer=None`.
-- `FanOutTransfer`: several replicas of the policy (`interceptor.replicas`), each through its own transfer: every
+- `FanOutTransfer`: several replicas of the policy (`interceptor.transport.replicas`), each through its own transfer: every
   one is paused, then each gets the weights, then every one resumes, so wrapped in a `GatedTransfer` no turn is
   generated with the new version before all of them serve it.
 

@@ -33,18 +33,25 @@ from dataclasses import dataclass, field
 from agents.runner import Runner
 from agents.tasks import Task
 
-from .advantages import GroupFilter, build_group
+from trainer.advantages import GroupFilter, build_group
 
-__all__ = ["DEFAULT_MAX_STALENESS", "InterceptorRolloutWorker", "NoLearningSignal", "WorkerConfig"]
+__all__ = ["DEFAULT_MAX_STALENESS", "InterceptorRolloutWorker", "NoLearningSignal", "RolloutsFailing", "WorkerConfig"]
 
 
 # Versions a sample may lag the trainer by, for the worker and `interceptor train` alike. TRL's AsyncGRPOConfig
 # defaults to 4; two keeps samples nearer the policy being trained when a step takes minutes, as on a CPU.
 DEFAULT_MAX_STALENESS = 2
+_FAILURE_CHARS = 600  # of a failed rollout's message in RolloutsFailing: its end, where a traceback says what broke
 
 
 class NoLearningSignal(RuntimeError):
     """`max_empty_groups` groups in a row trained nothing: the run has no signal left (the trainer saves and stops)."""
+
+
+class RolloutsFailing(RuntimeError):
+    """`max_failed_groups` groups in a row had no rollout that ended `ok`: the agent, its sandbox or the policy
+    server is broken, not the policy. The run fails (its message has the last failure's cause and words), rather
+    than wait for samples that will not come."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,12 +63,15 @@ class WorkerConfig:
     filter: GroupFilter = field(default_factory=GroupFilter)
     stop_timeout_s: float = 60.0
     max_empty_groups: int = 64  # groups in a row that trained nothing (zero variance...): no learning signal left
+    max_failed_groups: int = 4  # groups in a row whose every rollout failed: a fault, and the run fails
 
     def __post_init__(self) -> None:
         if self.num_generations < 2:
             raise ValueError("num_generations must be at least 2 for group-relative advantages")
         if self.samples_per_step < 1 or self.max_staleness < 0:
             raise ValueError("samples_per_step must be positive and max_staleness non-negative")
+        if self.max_empty_groups < 1 or self.max_failed_groups < 1:
+            raise ValueError("max_empty_groups and max_failed_groups must be at least 1")
 
     @property
     def inflight_groups(self) -> int:
@@ -94,6 +104,8 @@ class InterceptorRolloutWorker:
         self._last_progress = time.monotonic()
         self.counters: Counter = Counter()
         self._empty_groups_in_a_row = 0
+        self._failed_groups_in_a_row = 0
+        self._last_failure = ""  # the cause and words of the last failed rollout, for RolloutsFailing
         self.pushed: list[tuple[int, float, int]] = []  # (group_id, advantage, model_version) per sample pushed
 
     # ---------------------------------------------------------------------- TRL's protocol (trainer thread)
@@ -130,6 +142,10 @@ class InterceptorRolloutWorker:
         if self._future is not None and self._future.done():
             error = self._future.exception()
             raise RuntimeError(f"the rollout loop stopped: {error!r}") from error
+        if self._failed_groups_in_a_row >= self.config.max_failed_groups:
+            raise RolloutsFailing(
+                f"every rollout of the last {self._failed_groups_in_a_row} groups failed; the last: {self._last_failure}"
+            )
         if self._empty_groups_in_a_row >= self.config.max_empty_groups:
             raise NoLearningSignal(
                 f"the last {self._empty_groups_in_a_row} groups trained nothing (zero reward variance or failed "
@@ -197,6 +213,12 @@ class InterceptorRolloutWorker:
             self.pushed.append((sample.group_id, sample.advantage, sample.model_version))
         self._last_progress = time.monotonic()
         self._empty_groups_in_a_row = 0 if outcome.samples else self._empty_groups_in_a_row + 1
+        failed = [record for record in records if record.status != "ok"]
+        if failed:
+            last = failed[-1]
+            cause, message = (last.failure.cause, last.failure.message) if last.failure else (last.status, "")
+            self._last_failure = f"{cause}: {message[-_FAILURE_CHARS:]}" if message else cause
+        self._failed_groups_in_a_row = self._failed_groups_in_a_row + 1 if len(failed) == len(records) else 0
         self.counters["groups"] += 1
         self.counters["samples"] += len(outcome.samples)
         self._push_metrics(_group_metrics(records, outcome, version, self.model_version))

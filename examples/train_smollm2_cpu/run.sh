@@ -9,7 +9,8 @@
 #   WARM_START=16 examples/train_smollm2_cpu/run.sh add 1   # a supervised warm-start on 16 worked solutions first
 #
 # Run again, it keeps what does not change: the imported model, the warm-started one and their evaluations
-# (`before`, `warm-start` in RUN/eval/eval.json); training and the `after` evaluation run again.
+# (`before`, `warm-start` in RUN/eval/eval.json); training (its RUN/train removed first) and the `after` evaluation
+# run again.
 #
 # With WARM_START=N (for a family the imported model cannot start on: GRPO has no signal at 0%) the imported model is
 # fine-tuned on N of the training split's worked solutions (`interceptor warm-start`, TRL SFT on the agent's turns),
@@ -81,6 +82,7 @@ if [ -n "${WARM_START:-}" ]; then
     model=$run/warm
 fi
 sets+=(--set "model=\"$model\"")
+rm -rf "$run/train"  # records append: a run again starts from the model, so its records start empty too
 if [ "$serve" = vllm ]; then
     mkdir -p "$run"
     start_vllm "$model" "$run/vllm-train.log"

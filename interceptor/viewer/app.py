@@ -21,10 +21,10 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from ..errors import ApiError, NotFound, Unauthorized, errors_middleware_for, json_response
-from .detail import TokenText, rollout_detail
-from .index import RecordIndex
-from .query import RolloutQuery, page, run_summary
+from interceptor.errors import ApiError, NotFound, Unauthorized, errors_middleware_for, json_response
+from interceptor.viewer.detail import TokenText, rollout_detail
+from interceptor.viewer.index import RecordIndex
+from interceptor.viewer.query import RolloutQuery, page, run_summary
 
 __all__ = ["viewer_app"]
 

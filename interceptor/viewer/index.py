@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from ..records import SCHEMA
+from interceptor.store.records import SCHEMA
 
 __all__ = ["RecordIndex", "Row", "record_files"]
 

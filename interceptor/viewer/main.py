@@ -17,11 +17,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..mounts import mount_under
-from .app import viewer_app
-from .arguments import TOKEN_ENV
-from .detail import TokenText
-from .index import RecordIndex
+from interceptor.mounts import mount_under
+from interceptor.viewer.app import viewer_app
+from interceptor.viewer.arguments import TOKEN_ENV
+from interceptor.viewer.detail import TokenText
+from interceptor.viewer.index import RecordIndex
 
 __all__ = ["mount_viewer", "open_viewer", "run_model", "run_view_from_args"]
 

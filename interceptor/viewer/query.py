@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
-from ..errors import BadRequest
-from .index import RecordIndex, Row
+from interceptor.errors import BadRequest
+from interceptor.viewer.index import RecordIndex, Row
 
 __all__ = ["RolloutQuery", "page", "run_summary"]
 

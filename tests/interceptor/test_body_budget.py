@@ -1,5 +1,5 @@
 """Request bodies still arriving hold at most `max_pending_body_bytes` of the server, all connections together
-(`interceptor/body_budget.py`): a request whose declared body would pass it gets a 503 in its client's error shape
+(`interceptor/wire/body_budget.py`): a request whose declared body would pass it gets a 503 in its client's error shape
 and its connection closed; a body that arrives, or a connection that goes, gives its share back; a body aiohttp
 reads must arrive within `body_timeout_s` (408). With the fast lane (which reads the gate's turns) and without it.
 

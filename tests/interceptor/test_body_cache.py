@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interceptor.body_cache import BodyCache
+from interceptor.wire.body_cache import BodyCache
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 TRICKY = ['plain', 'a ] b', 'brace } and [', 'quote " inside', 'back\\slash', 'end\\', 'ü中文🙂', '{"messages": []}',

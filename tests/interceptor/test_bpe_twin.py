@@ -12,8 +12,8 @@ from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
-from interceptor.bpe_twin import AUDIT_EVERY, BpeTwin, build_twin
-from interceptor.rendering import Renderer, RendererConfig
+from interceptor.tokens.bpe_twin import AUDIT_EVERY, BpeTwin, build_twin
+from interceptor.tokens.rendering import Renderer, RendererConfig
 from tests.fakes import ScriptedUpstream
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import orjson
 
-from interceptor.branch_record import BranchRecord, build_samples
-from interceptor.ids_json import IdsJson, PromptJson
+from interceptor.gate.branch_record import BranchRecord, build_samples
+from interceptor.tokens.ids_json import IdsJson, PromptJson
 
 FIELDS = {"finish_reason": "stop", "malformed_tool_call": False, "model": "m", "policy_version": 0, "seconds": 0.0}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from interceptor.dialects.chat import CHAT
+from interceptor.wire.dialects.chat import CHAT
 
 HISTORY = "<conversation>\n[User]: List some numbers.\n[Assistant]: seq 1000 1600\n</conversation>"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from interceptor.chunk_ids import ChunkIds
-from interceptor.rendering import Renderer, RendererConfig
+from interceptor.tokens.chunk_ids import ChunkIds
+from interceptor.tokens.rendering import Renderer, RendererConfig
 
 SYSTEM = "You are a coding agent. Use the tools to inspect and change files; answer with the result. " * 200
 TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "Does what its name says. " * 10,

@@ -1,4 +1,4 @@
-"""A request body's Content-Encoding (`interceptor/request_body.py`): gzip and deflate are undone; a coding the
+"""A request body's Content-Encoding (`interceptor/wire/request_body.py`): gzip and deflate are undone; a coding the
 server does not undo is a 415, a body that does not inflate a 400, one that inflates past the limit a 413, each in
 the error shape of the client's dialect. Nothing is logged as an unhandled error and the keep-alive connection
 answers the next request, with the fast lane and without it (the lane hands a compressed body to aiohttp).
@@ -19,7 +19,7 @@ import pytest
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.errors import ApiError
-from interceptor.request_body import decoded
+from interceptor.wire.request_body import decoded
 
 MAX_BODY = 64 * 1024
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}

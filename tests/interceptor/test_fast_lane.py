@@ -1,4 +1,4 @@
-"""The fast lane (`interceptor/lane.py`): the gate's turns (streamed or not) and the JSON routes are answered off
+"""The fast lane (`interceptor/transport/lane.py`): the gate's turns (streamed or not) and the JSON routes are answered off
 the socket, every other request by aiohttp as before, and a client cannot tell the two apart.
 
 Each test runs real servers on loopback over the scripted upstream: one with the lane and, where the two are
@@ -19,9 +19,9 @@ import pytest
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.cli import _build_parser
-from interceptor.lane import Lane, LaneReply
-from interceptor.lane_routes import LaneRoutes
-from interceptor.records import RolloutRecord
+from interceptor.transport.lane import Lane, LaneReply
+from interceptor.transport.lane_routes import LaneRoutes
+from interceptor.store.records import RolloutRecord
 from interceptor.serve_main import config_from_args
 from tests.fakes import Fault, Slow
 

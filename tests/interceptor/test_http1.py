@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 pool the gate calls its policy server through (`interceptor/http1.py`), against real servers on
+"""The lean HTTP/1.1 pool the gate calls its policy server through (`interceptor/transport/http1.py`), against real servers on
 loopback: an aiohttp app for what well-behaved servers send (keep-alive, chunks, gzip, closes), and raw asyncio
 servers for answers no framework would write (a broken status line, a body cut short, silence)."""
 
@@ -11,7 +11,7 @@ import json
 import pytest
 from aiohttp import web
 
-from interceptor.http1 import Http1Pool, HttpError, lean_client_serves
+from interceptor.transport.http1 import Http1Pool, HttpError, lean_client_serves
 
 JSON = {"Content-Type": "application/json"}
 
@@ -212,7 +212,7 @@ def test_only_plain_http_without_credentials_takes_the_lean_path():
 
 async def test_the_upstream_client_takes_the_lean_path_for_plain_http_and_aiohttp_for_credentials_in_the_url():
     from interceptor import UpstreamConfig
-    from interceptor.upstream import UpstreamClient
+    from interceptor.transport.upstream import UpstreamClient
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "policy", "agent": request.headers.get("User-Agent", ""),

@@ -10,12 +10,12 @@ import copy
 import orjson
 import pytest
 
-from interceptor.body_cache import BodyCache
-from interceptor.dialects.chat import CHAT
-from interceptor.dialects.messages import MESSAGES
-from interceptor.dialects.responses import RESPONSES
+from interceptor.wire.body_cache import BodyCache
+from interceptor.wire.dialects.chat import CHAT
+from interceptor.wire.dialects.messages import MESSAGES
+from interceptor.wire.dialects.responses import RESPONSES
 from interceptor.errors import BadRequest
-from interceptor.incoming import read_request as _parse
+from interceptor.wire.incoming import read_request as _parse
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 ANTHROPIC_TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]

@@ -3,7 +3,7 @@ from its ids) costs only that rollout's later turns: recovery goes on, and every
 
 from __future__ import annotations
 
-from interceptor.journal import Journal, recover_journal
+from interceptor.store.journal import Journal, recover_journal
 
 TURN = {"finish_reason": "stop", "malformed_tool_call": False, "model": "m", "policy_version": 0, "seconds": 0.0}
 

@@ -13,7 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
-from interceptor.journal import recover_journal
+from interceptor.store.journal import recover_journal
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo
 
 USER = [{"role": "user", "content": "hi"}]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from interceptor.errors import UpstreamError
-from interceptor.upstream import parse_generation
+from interceptor.transport.upstream import parse_generation
 
 VOCAB = 100
 

@@ -25,9 +25,9 @@ from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig, read_records
 from interceptor.errors import ConfigError
-from interceptor.journal import journal_segments, recover_journal
-from interceptor.recorder import Recorder, recorded_ids
-from interceptor.records import RolloutRecord
+from interceptor.store.journal import journal_segments, recover_journal
+from interceptor.store.recorder import Recorder, recorded_ids
+from interceptor.store.records import RolloutRecord
 from tests.interceptor.serve_process import Conversation, ServeProcess
 
 TEST_TIMEOUT_S = 120.0  # a bound on every wait below
@@ -76,7 +76,7 @@ async def test_recovery_skips_a_rollout_already_in_the_record_file(scripted, tin
         segment.write_bytes(data)
 
     assert [r.rollout_id for r in recover_journal(record_path)] == [live.id]
-    with caplog.at_level(logging.WARNING, logger="interceptor.journal"):
+    with caplog.at_level(logging.WARNING, logger="interceptor.store.journal"):
         async with InterceptionServer(config):
             pass
     assert "1 rollouts unfinished in the journal are already in" in caplog.text

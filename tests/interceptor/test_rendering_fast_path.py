@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from interceptor.errors import BadRequest
-from interceptor.rendering import Renderer, RendererConfig
-from interceptor.templates import trl_chat_template
+from interceptor.tokens.rendering import Renderer, RendererConfig
+from interceptor.tokens.templates import trl_chat_template
 
 _TRL = importlib.util.find_spec("trl")
 TEMPLATES = sorted(

@@ -16,8 +16,8 @@ from aiohttp import web
 
 from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig, read_records
 from interceptor.cli import main
-from interceptor.records import RolloutRecord
-from interceptor.rescore import RescoreConfig, RescoreError, rescore
+from interceptor.store.records import RolloutRecord
+from interceptor.tools.rescore import RescoreConfig, RescoreError, rescore
 from trainer.engine import EngineConfig, LocalEngine
 from trainer.tiny_model import TinyModelSpec, make_tiny_model
 

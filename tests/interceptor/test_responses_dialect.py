@@ -12,7 +12,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
-from interceptor.gate import HEAVY_REQUEST_BYTES
+from interceptor.gate.turn import HEAVY_REQUEST_BYTES
 from tests.fakes import Fault
 from tests.invariants import assert_token_exact
 

@@ -12,7 +12,7 @@ from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.errors import BadRequest
-from interceptor.shared_renders import SharedRenders
+from interceptor.tokens.shared_renders import SharedRenders
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
@@ -61,7 +61,7 @@ async def test_a_different_tool_list_or_conversation_is_rendered_anew(server):
 
 
 async def test_a_render_the_template_refuses_fails_every_waiter_and_is_not_kept(tiny_model_dir):
-    from interceptor.rendering import Renderer, RendererConfig
+    from interceptor.tokens.rendering import Renderer, RendererConfig
 
     template = "{{ raise_exception('no') }}"
     renders = SharedRenders(Renderer(RendererConfig(model_dir=tiny_model_dir, chat_template=template)))
@@ -75,7 +75,7 @@ async def test_a_render_the_template_refuses_fails_every_waiter_and_is_not_kept(
 
 
 async def test_kept_renders_are_bounded_by_their_tokens(tiny_model_dir):
-    from interceptor.rendering import Renderer, RendererConfig
+    from interceptor.tokens.rendering import Renderer, RendererConfig
 
     renders = SharedRenders(Renderer(RendererConfig(model_dir=tiny_model_dir)), max_tokens=40)
     for i in range(10):

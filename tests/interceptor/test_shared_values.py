@@ -6,12 +6,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from interceptor.body_cache import BodyCache
-from interceptor.dialects.chat import CHAT
-from interceptor.dialects.messages import MESSAGES
-from interceptor.dialects.responses import RESPONSES
-from interceptor.incoming import read_request
-from interceptor.shared_values import share
+from interceptor.wire.body_cache import BodyCache
+from interceptor.wire.dialects.chat import CHAT
+from interceptor.wire.dialects.messages import MESSAGES
+from interceptor.wire.dialects.responses import RESPONSES
+from interceptor.wire.incoming import read_request
+from interceptor.wire.shared_values import share
 
 TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "Does what its name says. " * 8,
                                            "parameters": {"type": "object", "properties": {}}}} for i in range(6)]

@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-import interceptor.rendering as rendering
-import interceptor.suffix_writer as suffix_writer
-from interceptor.rendering import Renderer, RendererConfig
-from interceptor.suffix_writer import AUDIT_EVERY, CHATML_TOOL_TEMPLATES, chatml_suffix, probe_cases
-from interceptor.templates import trl_chat_template
+import interceptor.tokens.rendering as rendering
+import interceptor.tokens.suffix_writer as suffix_writer
+from interceptor.tokens.rendering import Renderer, RendererConfig
+from interceptor.tokens.suffix_writer import AUDIT_EVERY, CHATML_TOOL_TEMPLATES, chatml_suffix, probe_cases
+from interceptor.tokens.templates import trl_chat_template
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 CALL = {"role": "assistant", "content": "", "tool_calls": [
@@ -106,7 +106,7 @@ def test_a_written_suffix_that_differs_from_the_templates_turns_the_writer_off(t
     new = [{"role": "tool", "tool_call_id": "c1", "content": "out"}]
     reference = renderer.encode(
         renderer.rendered_suffix(system=SYSTEM, last_assistant=CALL, new_messages=new, tools=TOOLS))
-    with caplog.at_level(logging.ERROR, logger="interceptor.rendering"):
+    with caplog.at_level(logging.ERROR, logger="interceptor.tokens.rendering"):
         answers = [renderer.render_suffix(system=SYSTEM, last_assistant=CALL, new_messages=new, tools=TOOLS)
                    for _ in range(AUDIT_EVERY + 1)]
     # the written text until the audit, which finds the difference: the template's from then on

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
-from interceptor.journal import Journal, JournalError
+from interceptor.store.journal import Journal, JournalError
 from tests.faults.upstream import FaultUpstream, Reply
 from tests.fakes import ScriptedUpstream
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo

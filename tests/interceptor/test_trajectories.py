@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
-from interceptor.trajectory import Trajectory
+from interceptor.gate.trajectory import Trajectory
 from tests.invariants import assert_token_exact
 
 TOOLS = [

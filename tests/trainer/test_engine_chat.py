@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from interceptor.parsing import parse_output
+from interceptor.wire.parsing import parse_output
 from trainer.engine.textcodec import TokenTexts
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus three"}]

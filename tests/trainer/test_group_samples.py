@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from interceptor.records import Failure, RolloutRecord, SampleRecord, TurnRecord
+from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
 from trainer.advantages import GroupFilter, build_group
 
 

@@ -116,7 +116,7 @@ def test_the_recipe_report_joins_the_steps_and_the_held_out_rates(tmp_path):
     entry = {"label": "before", "successes": 57, "graded": 200, "rate": 0.285, "ci95": list(wilson(57, 200)),
              "failed": {}, "model": "m"}
     (tmp_path / "eval" / "eval.json").write_text(json.dumps([entry]))
-    from interceptor.rescore import GapStats, RescoreReport, RolloutGap
+    from interceptor.tools.rescore import GapStats, RescoreReport, RolloutGap
 
     gaps = GapStats.of([0.0, 1e-6, 3e-5])
     rescored = RescoreReport(upstream="http://127.0.0.1:8000", model="m", overall=gaps, skipped=(), worst=(),
@@ -163,7 +163,7 @@ def test_warm_start_rows_are_the_gates_prompt_then_the_agents_turn(smollm2_dir, 
     its completion, the only tokens with loss, is the assistant turn as the template renders it."""
     from transformers import AutoTokenizer
 
-    from interceptor.rendering import Renderer, RendererConfig
+    from interceptor.tokens.rendering import Renderer, RendererConfig
     from trainer.learning.warm_start import training_rows
 
     write_family("add", tmp_path / "tasks", seed=2, train=2, held_out=1)

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from interceptor.parsing import parse_output
-from interceptor.rendering import Renderer, RendererConfig
+from interceptor.wire.parsing import parse_output
+from interceptor.tokens.rendering import Renderer, RendererConfig
 from trainer.packaged_model import PACKAGED_MODELS, packaged_file
 from trainer.tiny_model import read_built_model
 

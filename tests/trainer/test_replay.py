@@ -20,9 +20,9 @@ from agents.opencode import OpenCodeAgent
 from agents.packages import PACKAGES
 from agents.pi import PiAgent
 from agents.tasks import load_tasks
-from interceptor.recorder import read_records
-from interceptor.records import RolloutRecord
-from interceptor.replay_upstream import ReplayUpstream, recorded_turns
+from interceptor.store.recorder import read_records
+from interceptor.store.records import RolloutRecord
+from interceptor.tools.replay_upstream import ReplayUpstream, recorded_turns
 from tests.agents.agent_runs import require_agent
 from trainer.replay import replay_rollout
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from interceptor.parsing import parse_output
+from interceptor.wire.parsing import parse_output
 from trainer.local_model import LOCAL_TRAINING
 from trainer.precision import cpu_multiplies_bf16
 from trainer.tiny_model import TinyModelSpec, make_tiny_model

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -79,6 +80,31 @@ async def test_a_run_with_no_learning_signal_left_stops_early_and_keeps_its_poli
     empty = re.match(r"the last (\d+) groups trained nothing", result.stopped_early or "")
     assert empty and int(empty[1]) >= 3, result.stopped_early
     assert (config.out / "final" / "model.safetensors").is_file() and (config.out / "final" / "config.json").is_file()
+
+
+def test_a_run_whose_rollouts_all_fail_exits_1_with_the_cause_and_keeps_its_policy(tiny_model_dir, tmp_path, capsys):
+    """An agent that cannot start (here: a program that is not there) fails every rollout: the run does not wait for
+    samples that will not come, nor look like a finished one to a script that evaluates next. After
+    `max_failed_groups` such groups `interceptor train` exits 1 and says why, in the agent's own words."""
+    from trainer.train_main import run_train_from_args
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t", "instruction": "Say anything.",
+                                 "grader": {"kind": "command", "command": "true"},
+                                 "limits": {"wall_s": 60, "idle_s": 30}}) + "\n")
+    config = tmp_path / "train.toml"
+    config.write_text(f"""model = "{tiny_model_dir}"\ntasks = "{tasks}"\nout = "{tmp_path / 'run'}"
+agent = "command"\ncommand = "{sys.executable} {tmp_path / 'missing_agent.py'}"
+max_tokens = 4\nnum_generations = 2\nsamples_per_step = 2\nmax_steps = 3\nmax_failed_groups = 2\nconcurrency = 2
+""")
+
+    status = run_train_from_args(argparse.Namespace(config=config, set=[]))
+
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert re.search(r"after 0 steps: every rollout of the last \d+ groups failed; the last: agent: .*missing_agent",
+                     err, re.S), err
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
 
 
 async def test_a_generator_serving_another_dtype_is_refused_before_training(tiny_model_dir, tmp_path):

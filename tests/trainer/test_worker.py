@@ -1,7 +1,8 @@
 """The rollout worker's own rules, with a scripted runner in place of agents (the whole path with real agents and a
 real trainer is `test_train_steps.py`): groups are pushed whole with group-relative advantages, dispatch stops while
 the buffer is full, a group that would arrive too stale is stopped, a run without reward variance ends with
-`NoLearningSignal`, TRL's version must be the gate's, and a bug in a group stops the loop and is reported."""
+`NoLearningSignal` and one whose rollouts all fail with `RolloutsFailing`, TRL's version must be the gate's, and a
+bug in a group stops the loop and is reported."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from types import SimpleNamespace
 import pytest
 
 from agents.tasks import Task
-from interceptor.records import RolloutRecord, SampleRecord, TurnRecord
-from trainer.worker import InterceptorRolloutWorker, NoLearningSignal, WorkerConfig
+from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
+from trainer.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
 
 TASKS = [Task.from_dict({"id": f"t{i}", "instruction": "say 5", "grader": {"kind": "answer", "expected": "5"}},
                         base_dir=Path.cwd()) for i in range(3)]
 WAIT_S = 60  # generous bound on waiting for the worker's loop; never asserted on
+
+
+def failed_rollout(rid: str) -> RolloutRecord:
+    return RolloutRecord(rollout_id=rid, mode="interception_gate", status="failed", samples=[], trace=[], usage={},
+                         reward=None, failure=Failure(cause="agent", message="FileNotFoundError: No such file"))
 
 
 def rollout(rid: str, reward: float, version: int) -> RolloutRecord:
@@ -41,6 +47,7 @@ class ScriptedRunner:
         self.hold: asyncio.Event | None = None
         self.cancelled = 0
         self.worker: InterceptorRolloutWorker | None = None
+        self.failing: Callable[[int], bool] = lambda group: False  # groups whose every rollout fails
 
     async def run_group(self, task: Task, *, n: int, metadata: dict) -> list[RolloutRecord]:
         self.calls.append({**metadata, "task": task.id, "buffered": self.worker.rollout_buffer.qsize()})
@@ -52,6 +59,8 @@ class ScriptedRunner:
             self.cancelled += 1
             raise
         group = metadata["group_id"]
+        if self.failing(group):
+            return [failed_rollout(f"g{group}-{i}") for i in range(n)]
         return [rollout(f"g{group}-{i}", r, metadata["policy_version"]) for i, r in enumerate(self.rewards(group))]
 
 
@@ -150,6 +159,31 @@ async def test_a_run_without_reward_variance_ends_with_no_learning_signal():
     finally:
         await asyncio.to_thread(worker.stop)
     assert worker.rollout_buffer.empty() and worker.counters["samples"] == 0
+
+
+async def test_groups_whose_every_rollout_failed_end_the_run_with_the_last_failure():
+    runner = ScriptedRunner(lambda group: [0.0] * 4)
+    runner.failing = lambda group: True
+    worker = make_worker(runner, max_failed_groups=3)
+    worker.start()
+    try:
+        await until(lambda: worker.counters["groups"] >= 3)
+        with pytest.raises(RolloutsFailing, match=r"last \d+ groups failed; the last: agent: .*No such file"):
+            worker.check_health(stale_after_s=3600)
+    finally:
+        await asyncio.to_thread(worker.stop)
+
+
+async def test_one_rollout_that_ends_ok_resets_the_count_of_failed_groups():
+    runner = ScriptedRunner(lambda group: [1.0, 0.0, 0.0, 0.0])
+    runner.failing = lambda group: group % 2 == 0  # every other group fails whole
+    worker = make_worker(runner, max_failed_groups=2, max_inflight_groups=1)
+    worker.start()
+    try:
+        await until(lambda: drain(worker) is not None and worker.counters["groups"] >= 6)  # one group at a time
+        worker.check_health(stale_after_s=3600)  # never 2 failed in a row
+    finally:
+        await asyncio.to_thread(worker.stop)
 
 
 async def test_one_group_with_variance_resets_the_count_of_empty_groups():

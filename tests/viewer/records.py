@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interceptor.records import Failure, RolloutRecord, SampleRecord, TurnRecord
+from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
 
 
 def make_sample(index: int, *, auxiliary: bool = False, fork_reason: str | None = None,

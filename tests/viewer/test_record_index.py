@@ -8,8 +8,8 @@ import asyncio
 import orjson
 import pytest
 
-from interceptor.recorder import Recorder
-from interceptor.records import Failure, RolloutRecord, SampleRecord, TurnRecord
+from interceptor.store.recorder import Recorder
+from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
 from interceptor.viewer.index import RecordIndex, summarise_line
 from interceptor.viewer.query import RolloutQuery, page, run_summary
 

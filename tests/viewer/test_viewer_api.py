@@ -11,8 +11,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from interceptor.recorder import Recorder
-from interceptor.records import Failure
+from interceptor.store.recorder import Recorder
+from interceptor.store.records import Failure
 from interceptor.viewer.detail import TokenText
 from interceptor.viewer.main import mount_viewer, open_viewer
 

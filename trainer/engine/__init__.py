@@ -2,14 +2,14 @@
 relies on (`/v1/completions` with token ids and logprobs, chat completions, dev-mode pause/resume/reload), plus an
 in-process API for a trainer in the same process. See `engine.py` for the entry point and `server.py` for routes."""
 
-from .config import EngineConfig, LogprobsMode
-from .core import EngineCore
-from .engine import LocalEngine
-from .errors import EngineError, EngineStopped, GenerationFailed, InvalidRequest
-from .generation import GenerationResult
-from .logprobs import TokenLogprob
-from .sampling import SamplingParams
-from .worker import PauseMode
+from trainer.engine.config import EngineConfig, LogprobsMode
+from trainer.engine.core import EngineCore
+from trainer.engine.engine import LocalEngine
+from trainer.engine.errors import EngineError, EngineStopped, GenerationFailed, InvalidRequest
+from trainer.engine.generation import GenerationResult
+from trainer.engine.logprobs import TokenLogprob
+from trainer.engine.sampling import SamplingParams
+from trainer.engine.worker import PauseMode
 
 __all__ = [
     "EngineConfig",

@@ -1,9 +1,9 @@
 """`POST /v1/chat/completions`, so the engine can serve agents directly and be the upstream of black_box mode.
 
-The request is parsed by `interceptor.protocol` (the project's one chat wire module), rendered with the model's
+The request is parsed by `interceptor.wire.protocol` (the project's one chat wire module), rendered with the model's
 own chat template and tools (`add_generation_prompt=True`, as vLLM does: template to text, then tokenize without
 adding special tokens), generated like a completion, and the sampled text is split into reasoning, content and
-tool calls by `interceptor.parsing`. Length checks and their wording are vLLM's: without `max_tokens`, the
+tool calls by `interceptor.wire.parsing`. Length checks and their wording are vLLM's: without `max_tokens`, the
 generation may use the rest of the context.
 
 Streaming sends the SSE headers at once and the chunks of the whole message when the turn is done: tool calls are
@@ -18,9 +18,9 @@ import time
 from aiohttp import web
 from jinja2 import TemplateError
 
-from interceptor.parsing import parse_output
-from interceptor.protocol import ChatRequest, parse_chat_request, parse_json_body
-from interceptor.replies import (
+from interceptor.wire.parsing import parse_output
+from interceptor.wire.protocol import ChatRequest, parse_chat_request, parse_json_body
+from interceptor.wire.replies import (
     SSE_DONE,
     Usage,
     assistant_message,
@@ -32,12 +32,12 @@ from interceptor.replies import (
     new_tool_call_id,
 )
 
-from .checks import build_sampling_params, check_context_length, check_model
-from .core import EngineCore
-from .errors import EngineError, InvalidRequest, error_body
-from .generation import GenerationResult
-from .keys import CORE, TEXTS
-from .sampling import SamplingParams
+from trainer.engine.checks import build_sampling_params, check_context_length, check_model
+from trainer.engine.core import EngineCore
+from trainer.engine.errors import EngineError, InvalidRequest, error_body
+from trainer.engine.generation import GenerationResult
+from trainer.engine.keys import CORE, TEXTS
+from trainer.engine.sampling import SamplingParams
 
 __all__ = ["handle_chat_completions"]
 

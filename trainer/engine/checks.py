@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import InvalidRequest, NotFound
-from .sampling import SamplingParams
+from trainer.engine.errors import InvalidRequest, NotFound
+from trainer.engine.sampling import SamplingParams
 
 __all__ = ["build_sampling_params", "check_context_length", "check_model", "check_prompt_ids"]
 

@@ -24,13 +24,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import InvalidRequest
-from .fields import is_int, read_bool, read_float, read_int, read_int_list, read_str
-from .generation import GenerationResult
-from .logprobs import TokenLogprob
-from .checks import build_sampling_params
-from .sampling import SamplingParams
-from .textcodec import TokenTexts
+from trainer.engine.errors import InvalidRequest
+from trainer.engine.fields import is_int, read_bool, read_float, read_int, read_int_list, read_str
+from trainer.engine.generation import GenerationResult
+from trainer.engine.logprobs import TokenLogprob
+from trainer.engine.checks import build_sampling_params
+from trainer.engine.sampling import SamplingParams
+from trainer.engine.textcodec import TokenTexts
 
 __all__ = ["CompletionRequest", "completion_response", "parse_completion_request"]
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig
-from .errors import EngineStopped
-from .generation import GenerationRequest, GenerationResult, GenerationStream
-from .model import PolicyModel, load_policy, read_safetensors_dir
-from .sampling import SamplingParams
-from .worker import PauseMode, Worker
+from trainer.engine.config import EngineConfig
+from trainer.engine.errors import EngineStopped
+from trainer.engine.generation import GenerationRequest, GenerationResult, GenerationStream
+from trainer.engine.model import PolicyModel, load_policy, read_safetensors_dir
+from trainer.engine.sampling import SamplingParams
+from trainer.engine.worker import PauseMode, Worker
 
 __all__ = ["EngineCore"]
 

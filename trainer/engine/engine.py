@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig
-from .core import EngineCore
-from .generation import GenerationResult
-from .sampling import SamplingParams
-from .server import EngineServer
-from .worker import PauseMode
+from trainer.engine.config import EngineConfig
+from trainer.engine.core import EngineCore
+from trainer.engine.generation import GenerationResult
+from trainer.engine.sampling import SamplingParams
+from trainer.engine.server import EngineServer
+from trainer.engine.worker import PauseMode
 
 __all__ = ["LocalEngine"]
 

@@ -3,7 +3,7 @@
 Responses use vLLM's OpenAI server shape: `{"error": {"message", "type", "param", "code"}}` with `type` the error
 class name (`BadRequestError`, ...) and `code` the HTTP status as an integer. An `InvalidRequest` renders its message
 as vLLM's `VLLMValidationError` does: the text, then `(parameter=..., value=...)` when those are known.
-Errors raised by `interceptor.protocol` (the chat endpoint's parser) are mapped here too, so every 400 looks alike.
+Errors raised by `interceptor.wire.protocol` (the chat endpoint's parser) are mapped here too, so every 400 looks alike.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class GenerationFailed(EngineError):
 
 
 def error_body(error: EngineError | ApiError) -> dict:
-    if isinstance(error, ApiError):  # interceptor.protocol's errors: same shape, vLLM's type names
+    if isinstance(error, ApiError):  # interceptor.wire.protocol's errors: same shape, vLLM's type names
         kind, message = _VLLM_TYPES.get(error.status, "BadRequestError"), error.message
     else:
         kind, message = error.type, str(error)

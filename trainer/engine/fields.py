@@ -3,7 +3,7 @@ the field (JSON `true` is not an integer here, although Python's bool is an int)
 
 from __future__ import annotations
 
-from .errors import InvalidRequest
+from trainer.engine.errors import InvalidRequest
 
 __all__ = ["is_int", "read_bool", "read_float", "read_int", "read_int_list", "read_str"]
 

@@ -11,9 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from .errors import EngineError
-from .logprobs import TokenLogprob
-from .sampling import SamplingParams
+from trainer.engine.errors import EngineError
+from trainer.engine.logprobs import TokenLogprob
+from trainer.engine.sampling import SamplingParams
 
 __all__ = [
     "Finish",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .core import EngineCore
-from .textcodec import TokenTexts
+from trainer.engine.core import EngineCore
+from trainer.engine.textcodec import TokenTexts
 
 __all__ = ["CORE", "STARTED_AT", "TEXTS"]
 

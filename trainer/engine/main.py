@@ -7,8 +7,8 @@ import asyncio
 import logging
 import signal
 
-from .config import EngineConfig
-from .engine import LocalEngine
+from trainer.engine.config import EngineConfig
+from trainer.engine.engine import LocalEngine
 
 __all__ = ["config_from_args", "run_engine_from_args"]
 

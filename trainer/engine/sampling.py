@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import LogprobsMode
+from trainer.engine.config import LogprobsMode
 
 __all__ = ["GREEDY_EPS", "MIN_TEMPERATURE", "RowSampling", "SamplingParams", "apply_top_k_top_p", "sample_next"]
 

@@ -23,15 +23,15 @@ import orjson
 from aiohttp import web
 
 from interceptor.errors import ApiError
-from interceptor.protocol import parse_json_body
+from interceptor.wire.protocol import parse_json_body
 
-from .chat import handle_chat_completions
-from .checks import check_context_length, check_model, check_prompt_ids
-from .completions import completion_response, parse_completion_request
-from .core import EngineCore
-from .errors import EngineError, InvalidRequest, error_response
-from .keys import CORE, STARTED_AT, TEXTS
-from .textcodec import TokenTexts
+from trainer.engine.chat import handle_chat_completions
+from trainer.engine.checks import check_context_length, check_model, check_prompt_ids
+from trainer.engine.completions import completion_response, parse_completion_request
+from trainer.engine.core import EngineCore
+from trainer.engine.errors import EngineError, InvalidRequest, error_response
+from trainer.engine.keys import CORE, STARTED_AT, TEXTS
+from trainer.engine.textcodec import TokenTexts
 
 __all__ = ["EngineServer", "build_app"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from .generation import GenerationResult
+from trainer.engine.generation import GenerationResult
 
 __all__ = ["TokenTexts"]
 

@@ -29,13 +29,13 @@ from typing import Literal
 
 import torch
 
-from .batch import DecodeBatch, next_token_logits, prefill
-from .config import LogprobsMode
-from .errors import EngineError, EngineStopped, GenerationFailed
-from .generation import Finish, GenerationStream, PromptLogprobs, TokenUpdate
-from .logprobs import TokenLogprob, gather_logprobs, prompt_logprobs
-from .model import PolicyModel, apply_weights
-from .sampling import RowSampling, sample_next
+from trainer.engine.batch import DecodeBatch, next_token_logits, prefill
+from trainer.engine.config import LogprobsMode
+from trainer.engine.errors import EngineError, EngineStopped, GenerationFailed
+from trainer.engine.generation import Finish, GenerationStream, PromptLogprobs, TokenUpdate
+from trainer.engine.logprobs import TokenLogprob, gather_logprobs, prompt_logprobs
+from trainer.engine.model import PolicyModel, apply_weights
+from trainer.engine.sampling import RowSampling, sample_next
 
 __all__ = ["PauseMode", "Worker"]
 

@@ -76,9 +76,9 @@ async def evaluate(config, *, tasks: Path, model: Path, label: str, k: int, out:
     from agents.tasks import load_tasks
     from interceptor import SamplingSettings
 
-    from ..policy_stack import PolicyStack, StackConfig
-    from ..run_main import progress_printer
-    from ..train_main import agent_spec
+    from trainer.policy_stack import PolicyStack, StackConfig
+    from trainer.run_main import progress_printer
+    from trainer.train_main import agent_spec
 
     if k < 1:
         raise ValueError("k must be at least 1")
@@ -153,8 +153,8 @@ def plot(entries: list[dict], path: Path) -> None:
 
 
 def run_evaluate_from_args(args: argparse.Namespace) -> int:
-    from ..local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
-    from ..train_main import TrainConfig
+    from trainer.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
+    from trainer.train_main import TrainConfig
 
     try:
         config = TrainConfig.load(args.config, args.set or ())
