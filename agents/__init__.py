@@ -7,22 +7,22 @@ sandboxes that run them with limits.
                                            workspace=box.workspace, home=box.home, instruction=task))
         result = await box.run(launch, limits=RunLimits(wall_s=900, idle_s=120), activity=heartbeat)
 
-`agents.install.install_agent("pi" | "opencode")` installs the pinned versions from npm into the user's cache
-(not imported here, so that `python -m agents.install` runs cleanly).
+`agents.specs.install.install_agent("pi" | "opencode")` installs the pinned versions from npm into the user's cache
+(not imported here, so that `python -m agents.specs.install` runs cleanly).
 """
 
 from __future__ import annotations
 
-from agents.claude import ClaudeAgent
-from agents.codex import CodexAgent
-from agents.command import CommandAgent
 from agents.errors import AgentConfigError, AgentError, AgentNotInstalled, InstallError
-from agents.opencode import OpenCodeAgent
-from agents.packages import OPENCODE, PACKAGES, PI, AgentPackage, find_binary
-from agents.pi import PiAgent
-from agents.registry import AGENTS, AgentKind, AgentSettings, build_agent
-from agents.sandbox import Heartbeat, LocalSandbox, LocalSandboxConfig, Outcome, RunLimits, RunResult, Sandbox
-from agents.spec import AgentLaunch, AgentRollout, AgentSpec
+from agents.sandbox.base import Heartbeat, LocalSandbox, LocalSandboxConfig, Outcome, RunLimits, RunResult, Sandbox
+from agents.specs.claude import ClaudeAgent
+from agents.specs.codex import CodexAgent
+from agents.specs.command import CommandAgent
+from agents.specs.opencode import OpenCodeAgent
+from agents.specs.packages import OPENCODE, PACKAGES, PI, AgentPackage, find_binary
+from agents.specs.pi import PiAgent
+from agents.specs.registry import AGENTS, AgentKind, AgentSettings, build_agent
+from agents.specs.spec import AgentLaunch, AgentRollout, AgentSpec
 
 __all__ = [
     "AGENTS",

@@ -16,13 +16,13 @@ __all__ = ["register"]
 
 
 def _agents_install(args: argparse.Namespace) -> int:
-    from agents.install import main as install_main
+    from agents.specs.install import main as install_main
 
     return install_main([*args.names, *(["--force"] if args.force else [])])
 
 
 def register(commands: CommandRegistry) -> None:
-    from agents.packages import PACKAGES  # the one list of installable agents (install.py's parser reads it too)
+    from agents.specs.packages import PACKAGES  # the one list of installable agents (install.py's parser reads it too)
 
     install = commands.add("agents", _agents_install, "install a pinned agent from npm: interceptor agents install NAME")
     install.add_argument("action", choices=("install",))

@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.sandbox import ExecResult
+from agents.sandbox.base import ExecResult
 from agents.tasks import Grader, Task
 
-__all__ = ["Grade", "GraderFailed", "grade"]
+__all__ = ["GRADERS", "Grade", "Graded", "GraderFailed", "grade"]
 
 _PYTEST_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED)\s+(\S+)", re.MULTILINE)
 
@@ -47,17 +47,28 @@ async def grade(
 ) -> Grade:
     grader = task.grader
     run = exec or functools.partial(_exec_on_host, workspace)
-    if grader.kind == "answer":
-        return _grade_answer(grader, answer, answered)
-    if grader.kind == "command":
-        return await _grade_command(grader, run)
-    if grader.kind == "swe":
-        return await _grade_swe(grader, workspace, run)
-    return await _grade_python(grader, task, answer, workspace)
+    kind = GRADERS.get(grader.kind)
+    if kind is None:  # a Grader is checked when built; this is for one built around that check
+        raise GraderFailed(f"no grader of kind {grader.kind!r}")
+    return await kind(Graded(grader=grader, task=task, answer=answer, answered=answered, workspace=workspace, run=run))
 
 
-def _grade_answer(grader: Grader, answer: object, answered: bool) -> Grade:
-    if not answered:
+@dataclass(frozen=True, kw_only=True)
+class Graded:
+    """What a grader of any kind is given: the task's grader, the task, what the agent submitted (if it did), the
+    workspace on the host, and a way to run a command inside the sandbox."""
+
+    grader: Grader
+    task: Task
+    answer: object
+    answered: bool
+    workspace: Path
+    run: Exec
+
+
+async def _grade_answer(graded: Graded) -> Grade:
+    grader, answer = graded.grader, graded.answer
+    if not graded.answered:
         return Grade(0.0, "no answer was submitted")
     given = str(answer).strip()
     expected = str(grader.expected).strip()
@@ -91,7 +102,8 @@ async def _exec_on_host(workspace: Path, command: str, timeout_s: float) -> Exec
     return ExecResult(exit_code=process.returncode, output=output.decode(errors="replace"))
 
 
-async def _grade_command(grader: Grader, run: Exec) -> Grade:
+async def _grade_command(graded: Graded) -> Grade:
+    grader, run = graded.grader, graded.run
     tests = (*grader.fail_to_pass, *grader.pass_to_pass)
     command = grader.command + ("".join(f" {shlex.quote(t)}" for t in tests) if tests else "")
     result = await run(command, grader.timeout_s)
@@ -108,27 +120,30 @@ async def _grade_command(grader: Grader, run: Exec) -> Grade:
     return Grade(0.0 if failed else 1.0, f"{len(tests) - len(failed)}/{len(tests)} required tests passed")
 
 
-async def _grade_swe(grader: Grader, workspace: Path, run: Exec) -> Grade:
+async def _grade_swe(graded: Graded) -> Grade:
     """Restore the files the hidden test patch touches to the base commit (the agent's edits to them are reverted
     and reported), apply the patch, run the FAIL_TO_PASS and PASS_TO_PASS tests."""
     from agents.swe import apply_patch, restore_test_files  # noqa: PLC0415  (swe imports this module's types)
+
+    grader, workspace = graded.grader, graded.workspace
 
     try:
         reverted = await asyncio.to_thread(restore_test_files, grader, workspace)
         await asyncio.to_thread(apply_patch, grader.test_patch, workspace)
     except (OSError, ValueError) as exc:
         raise GraderFailed(f"could not put the hidden tests in place: {exc}") from exc
-    graded = await _grade_command(grader, run)
+    tested = await _grade_command(graded)
     if not reverted:
-        return graded
-    return Grade(graded.reward, f"{graded.detail}; the agent's edits to test files were reverted: {reverted}")
+        return tested
+    return Grade(tested.reward, f"{tested.detail}; the agent's edits to test files were reverted: {reverted}")
 
 
-async def _grade_python(grader: Grader, task: Task, answer: object, workspace: Path) -> Grade:
+async def _grade_python(graded: Graded) -> Grade:
+    grader = graded.grader
     module_name, _, function_name = grader.callable.partition(":")
     try:
         function = getattr(importlib.import_module(module_name), function_name)
-        value = function(task, answer, workspace)
+        value = function(graded.task, graded.answer, graded.workspace)
         if asyncio.iscoroutine(value):
             value = await value
         reward = float(value)
@@ -139,3 +154,6 @@ async def _grade_python(grader: Grader, task: Task, answer: object, workspace: P
     return Grade(reward, f"{grader.callable} -> {reward}")
 
 
+GRADERS: dict[str, Callable[[Graded], Awaitable[Grade]]] = {
+    "answer": _grade_answer, "command": _grade_command, "python": _grade_python, "swe": _grade_swe,
+}  # one per kind of `agents.tasks.GRADER_KINDS`

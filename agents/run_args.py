@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from agents.registry import AGENTS
+from agents.sandbox.backends import CHOICES as SANDBOX_CHOICES
+from agents.specs.registry import AGENTS
 
 __all__ = ["add_run_arguments"]
 
@@ -31,7 +32,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", default="runs/latest", help="directory for rollouts.jsonl")
     parser.add_argument(
-        "--sandbox", choices=("auto", "namespace", "local"), default="auto",
+        "--sandbox", choices=SANDBOX_CHOICES, default="auto",
         help="where agents run: namespace (own Linux namespaces via bubblewrap, only the model endpoint reachable), "
         "local (this user, no isolation: for trusted programs), auto (namespace where possible; the default)",
     )

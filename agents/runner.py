@@ -9,23 +9,23 @@ command) -> start the agent with its own rollout URL and secret -> wait for it u
 idle limits (idle = no request reaches the server) -> grade (the answer on the host; test commands inside the
 sandbox) -> finish the rollout (on disk before it is reported).
 
-The sandbox: `RunnerConfig.sandbox`; else, for a task with an `image`, a `DockerSandbox` of that image (a task
-whose image cannot be run fails with cause `sandbox`: it is never run somewhere else); else a `NamespaceSandbox`
-reaching only the server where this machine can make one (Linux with bubblewrap), else a `LocalSandbox` (same
-user, no isolation: a warning says so). Used as `async with Runner(...) as runner:`, sandboxes come from a warm pool
-(`RunnerConfig.pool`, `agents.pool`): made, entered and with their first process started before a rollout asks, so
-its agent starts at once; a runner used without `async with` makes each sandbox when it is needed.
+The sandbox: `RunnerConfig.sandbox`, a custom factory; else the backend `RunnerConfig.backend` chooses
+(`agents.sandbox.backends`): under `auto`, for a task with an `image` a `DockerSandbox` of that image (a task whose
+image cannot be run fails with cause `sandbox`: it is never run somewhere else), else a `NamespaceSandbox` reaching
+only the server where this machine can make one (Linux with bubblewrap), else a `LocalSandbox` (same user, no
+isolation: a warning says so). Used as `async with Runner(...) as runner:`, sandboxes come from a warm pool
+(`RunnerConfig.pool`, `agents.sandbox.pool`): made, entered and with their first process started before a rollout
+asks, so its agent starts at once; a runner used without `async with` makes each sandbox when it is needed.
 
 A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
-installed), `sandbox` (set-up failed), `limit` (ended for going past a limit of its sandbox: disk), `upstream` (its last chat call failed upstream), `grader` (the grader could
-not decide), `cancelled`. Only `ok` rollouts carry a reward: an infrastructure fault never turns into one.
+installed), `sandbox` (set-up failed), `limit` (ended for going past a limit of its sandbox: disk), `upstream`
+(its last chat call failed upstream), `grader` (the grader could not decide), `cancelled`. Only `ok` rollouts carry a reward: an infrastructure fault never turns into one.
 Cancelling (Ctrl-C) stops the agents and still writes every record.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import shutil
 import sys
@@ -36,21 +36,21 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from interceptor.config import SamplingSettings
-from interceptor.store.records import Failure, RolloutRecord
 from interceptor.server import InterceptionServer
+from interceptor.store.records import Failure, RolloutRecord
 
 from agents.answer_command import write_answer_command
-from agents.breaker import BreakerConfig, CircuitBreaker
-from agents.cgroups import ResourceLimits
 from agents.errors import AgentConfigError, AgentError
 from agents.graders import GraderFailed, grade
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
-from agents.pool import PoolConfig, SandboxPool
-from agents.sandbox import LocalSandbox, RunLimits, RunResult, Sandbox
-from agents.spec import AgentRollout, AgentSpec, program_paths
+from agents.sandbox.backends import CHOICES, BoxChooser, Placement
+from agents.sandbox.base import RunLimits, RunResult, Sandbox
+from agents.sandbox.breaker import BreakerConfig, CircuitBreaker
+from agents.sandbox.cgroups import ResourceLimits
+from agents.sandbox.pool import PoolConfig, SandboxPool
+from agents.specs.spec import AgentRollout, AgentSpec, program_paths
 from agents.tasks import Task
 
-__all__ = ["Runner", "RunnerConfig", "SetupFailed", "namespace_sandbox_for", "prepare_workspace"]
+__all__ = ["Runner", "RunnerConfig", "SetupFailed", "placement_for", "prepare_workspace"]
 
 log = logging.getLogger("agents.runner")
 
@@ -64,7 +64,8 @@ class RunnerConfig:
     agent: AgentSpec
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     concurrency: int = 4  # rollouts running at once
-    sandbox: Callable[[], Sandbox] | None = None  # None: a NamespaceSandbox where possible, else a LocalSandbox
+    backend: str = "auto"  # the sandbox backend, as `--sandbox` names it (agents.sandbox.backends.CHOICES)
+    sandbox: Callable[[], Sandbox] | None = None  # a custom factory for every task, in place of `backend`
     setup_timeout_s: float = 300.0
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # pauses a sandbox backend that keeps failing
     resources: ResourceLimits | None = None  # per-rollout CPU/memory/pids limits of the default backends
@@ -75,6 +76,10 @@ class RunnerConfig:
             raise ValueError("concurrency must be at least 1")
         if self.sandbox is not None and self.resources is not None and self.resources.any:
             raise AgentConfigError("resources apply to the runner's own backends: give a custom sandbox its own limits")
+        if self.backend not in CHOICES:
+            raise AgentConfigError(f"backend must be one of {', '.join(CHOICES)}, not {self.backend!r}")
+        if self.sandbox is not None and self.backend != "auto":
+            raise AgentConfigError(f"a custom sandbox runs every task: backend {self.backend!r} would not be used")
 
 
 class SetupFailed(Exception):
@@ -118,8 +123,8 @@ class Runner:
         self._slots = asyncio.Semaphore(config.concurrency)
         self._on_finished = on_finished
         self._agent_paths: tuple[Path, ...] = ()  # what the agent's launches ran from (a warm sandbox binds it)
-        self._default_sandbox = config.sandbox or _default_sandbox(
-            server, config.resources, warm_paths=lambda: (*self._agent_paths, *_GRADER_PATHS))
+        self._boxes = None if config.sandbox is not None else BoxChooser(config.backend, placement_for(
+            server, resources=config.resources, warm_paths=lambda: (*self._agent_paths, *_GRADER_PATHS)))
         # One circuit per backend: the default one, and each task image's (a broken image pauses only its tasks)
         self._breakers: dict[str | None, CircuitBreaker] = {None: CircuitBreaker(config.breaker)}
         self._pool = SandboxPool(config.pool)
@@ -226,22 +231,18 @@ class Runner:
                 raise _Failed("grader", str(exc)) from exc
             return graded.reward, graded.detail
 
+    @property
+    def default_kind(self) -> Hashable:
+        """The pool's key for the boxes of tasks with no image and the model-only network (what `async with` warms)."""
+        return self._sandbox_for(None)[0]
+
     def _sandbox_for(self, task: Task | None) -> tuple[Hashable, Callable[[], Sandbox]]:
         """The kind of sandbox a task runs in (the pool's key) and how to make one (None: the default kind)."""
-        if self.config.sandbox is None and task is not None and task.image is not None:
-            from agents.docker_sandbox import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
-
-            url = urlsplit(self.server.url)
-            image, network = task.image, task.network
-
-            def make() -> Sandbox:  # a warm container mounts the programs the agent's launches have run from so far
-                return DockerSandbox(image=image, network=network, endpoint=(url.hostname or "127.0.0.1", url.port or 80),
-                                     limits=self.config.resources, warm_paths=(*self._agent_paths, *_GRADER_PATHS))
-
-            return ("docker", image, network), make
-        if self.config.sandbox is None and task is not None and task.network == "open":
-            return ("default", "open"), functools.partial(self._default_sandbox, network="open")
-        return ("default", "model"), self._default_sandbox
+        if self._boxes is None:
+            return ("custom",), self.config.sandbox
+        if task is None:
+            return self._boxes()
+        return self._boxes(task.image, task.network)
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         try:
@@ -250,37 +251,16 @@ class Runner:
             raise _Failed("sandbox", str(exc)) from exc
 
 
-def _default_sandbox(
-    server: InterceptionServer, resources: ResourceLimits | None, *, warm_paths: Callable[[], tuple[Path, ...]]
-) -> Callable[..., Sandbox]:
-    reason = namespaces_unavailable()
-    if reason is not None:
-        if resources is not None and resources.any:
-            raise AgentConfigError(f"resource limits need the namespace sandbox, which this machine lacks: {reason}")
-        log.warning("rollouts run in LocalSandbox, as this user with no isolation, because %s", reason)
-        return lambda network="model": LocalSandbox()  # shares everything with the host: network included
-    return namespace_sandbox_for(server, resources=resources, warm_paths=warm_paths)
-
-
-def namespace_sandbox_for(
-    server: InterceptionServer,
-    *,
-    resources: ResourceLimits | None = None,
-    warm_paths: Callable[[], tuple[Path, ...]] = lambda: _GRADER_PATHS,
-) -> Callable[..., Sandbox]:
-    """NamespaceSandboxes that reach only this server, with its records (other rollouts' trajectories) hidden even
-    where they lie inside an allowed path. `warm_paths()`, read as each sandbox is made: what its warm spare binds
-    besides the allow-list (the programs agents ran from so far, the graders' interpreter)."""
+def placement_for(server: InterceptionServer, *, resources: ResourceLimits | None = None,
+                  warm_paths: Callable[[], tuple[Path, ...]] = lambda: _GRADER_PATHS) -> Placement:
+    """Boxes that reach only this server, with its records (other rollouts' trajectories) hidden even where they lie
+    inside an allowed path. `warm_paths()`, read as each box is made: what its warm spare binds besides the
+    allow-list (the programs agents ran from so far, the graders' interpreter)."""
     url = urlsplit(server.url)
     record_path = server.config.record_path
     hidden = (Path(record_path).resolve().parent,) if record_path is not None else ()
-    endpoint = (url.hostname or "127.0.0.1", url.port or 80)
-
-    def make(network: str = "model") -> Sandbox:
-        return NamespaceSandbox(endpoint=endpoint, hidden=hidden, resources=resources, network=network,
-                                warm_paths=warm_paths())
-
-    return make
+    return Placement(endpoint=(url.hostname or "127.0.0.1", url.port or 80), hidden=hidden, resources=resources,
+                     warm_paths=warm_paths)
 
 
 def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:

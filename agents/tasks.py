@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import orjson
 
@@ -50,9 +50,13 @@ class Limits:
             raise TaskError("limits must be positive")
 
 
+GraderKind = Literal["answer", "command", "python", "swe"]
+GRADER_KINDS: tuple[str, ...] = get_args(GraderKind)  # each has its function in `agents.graders.GRADERS`
+
+
 @dataclass(frozen=True, kw_only=True)
 class Grader:
-    kind: Literal["answer", "command", "python", "swe"]
+    kind: GraderKind
     expected: str | None = None
     match: Literal["exact", "regex", "numeric"] = "exact"
     tolerance: float = 1e-6
@@ -79,8 +83,8 @@ class Grader:
         if self.kind == "swe" and not (self.command and self.repo_path and self.base_commit and self.test_patch
                                        and self.fail_to_pass):
             raise TaskError("a swe grader needs command, repo_path, base_commit, test_patch and fail_to_pass")
-        if self.kind not in ("answer", "command", "python", "swe"):
-            raise TaskError(f"unknown grader kind {self.kind!r}")
+        if self.kind not in GRADER_KINDS:
+            raise TaskError(f"unknown grader kind {self.kind!r}: one of {', '.join(GRADER_KINDS)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -93,7 +93,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model
         if model is None:
-            from trainer.tiny_model import make_tiny_model
+            from trainer.models.tiny_model import make_tiny_model
 
             model = make_tiny_model(Path(scratch) / "tiny")
         results = asyncio.run(bench(model, max_tokens=args.max_tokens, threads=args.threads))

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from agents.command import CommandAgent  # noqa: E402
 from agents.runner import RunnerConfig  # noqa: E402
-from agents.sandbox import LocalSandbox  # noqa: E402
+from agents.sandbox.base import LocalSandbox  # noqa: E402
+from agents.specs.command import CommandAgent  # noqa: E402
 from agents.tasks import load_tasks  # noqa: E402
 from bench.bench_server import InstantUpstream, model_or_tiny  # noqa: E402
 from interceptor import SamplingSettings  # noqa: E402

@@ -305,7 +305,7 @@ def ensure_model(model: Path | None) -> Path:
         return model
     if not (MODEL_CACHE / "tokenizer.json").exists():  # make_tiny_model moves a complete model into place
         # built in a short-lived process: torch is imported there, never in the load generator
-        code = ("import sys; from pathlib import Path; from trainer.tiny_model import TinyModelSpec, make_tiny_model; "
+        code = ("import sys; from pathlib import Path; from trainer.models.tiny_model import TinyModelSpec, make_tiny_model; "
                 "make_tiny_model(Path(sys.argv[1]), TinyModelSpec(real_vocab=True))")
         subprocess.run([sys.executable, "-c", code, str(MODEL_CACHE)], cwd=ROOT, check=True)
     return MODEL_CACHE

@@ -69,8 +69,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model
         if model is None:
-            from trainer.local_model import LOCAL_MODEL_SPEC
-            from trainer.tiny_model import make_tiny_model
+            from trainer.models.local_model import LOCAL_MODEL_SPEC
+            from trainer.models.tiny_model import make_tiny_model
 
             model = make_tiny_model(Path(scratch) / "real-vocab", LOCAL_MODEL_SPEC)
         plain = _child(model, prompt_tokens=args.prompt_tokens, prompt_logprobs=None)

@@ -11,7 +11,7 @@ is), and for each `--concurrent` N: whether N sandboxes all reached their endpoi
 N-th first request, and the memory they took (system `MemAvailable` before and while all are up). The namespace
 backend is skipped where bubblewrap cannot make namespaces, the Docker one where no daemon answers.
 
-Warm: the same start-to-first-request latency for a sandbox taken from a ready warm pool (`agents.pool`: made,
+Warm: the same start-to-first-request latency for a sandbox taken from a ready warm pool (`agents.sandbox.pool`: made,
 entered and `warm()`ed ahead, untimed), which is what a rollout of `async with Runner(...)` gets; and the memory
 that `--prepared` idle prepared sandboxes hold while they wait.
 """
@@ -32,12 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiohttp import web  # noqa: E402
 
-from agents.cgroups import ResourceLimits  # noqa: E402
-from agents.docker_sandbox import DockerSandbox, docker_unavailable  # noqa: E402
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable  # noqa: E402
-from agents.pool import prepare  # noqa: E402
-from agents.sandbox import LocalSandbox, RunLimits  # noqa: E402
-from agents.spec import AgentLaunch  # noqa: E402
+from agents.sandbox.base import LocalSandbox, RunLimits  # noqa: E402
+from agents.sandbox.cgroups import ResourceLimits  # noqa: E402
+from agents.sandbox.docker import DockerSandbox, docker_unavailable  # noqa: E402
+from agents.sandbox.namespace import NamespaceSandbox, namespaces_unavailable  # noqa: E402
+from agents.sandbox.pool import prepare  # noqa: E402
+from agents.specs.spec import AgentLaunch  # noqa: E402
 
 AGENT = (
     "import os, sys, urllib.request\n"

@@ -76,7 +76,7 @@ def model_or_tiny(model: str | None) -> str:
     """`model`, or a tiny model with the real Qwen vocabulary built in a temp dir (what the benchmarks default to)."""
     if model is not None:
         return model
-    from trainer.tiny_model import TinyModelSpec, make_tiny_model
+    from trainer.models.tiny_model import TinyModelSpec, make_tiny_model
 
     return str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny", TinyModelSpec(real_vocab=True)))
 

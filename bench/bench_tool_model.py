@@ -29,14 +29,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interceptor.wire.parsing import parse_output  # noqa: E402
-from trainer.local_model import LOCAL_TRAINING  # noqa: E402
-from trainer.tiny_model import make_tiny_model  # noqa: E402
-from trainer.agent_contexts import SHELL_TOOLS, Context, load_agent_request  # noqa: E402
-from trainer.tool_episodes import shell_tool  # noqa: E402
-from trainer.tool_model import BASH_TOOL, DONE_TEXT, ToolTrainingSpec, tool_model_spec, train_tool_calling  # noqa: E402
+from trainer.models.agent_contexts import SHELL_TOOLS, Context, load_agent_request  # noqa: E402
+from trainer.models.local_model import LOCAL_TRAINING  # noqa: E402
+from trainer.models.tiny_model import make_tiny_model  # noqa: E402
+from trainer.models.tool_episodes import shell_tool  # noqa: E402
+from trainer.models.tool_model import BASH_TOOL, DONE_TEXT, ToolTrainingSpec, tool_model_spec, train_tool_calling  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENT_REQUESTS = {name: ROOT / "trainer" / "agent_requests" / f"{name}_first_request.json"
+AGENT_REQUESTS = {name: ROOT / "trainer" / "models" / "agent_requests" / f"{name}_first_request.json"
                   for name in ("pi", "opencode", "claude", "codex")}
 HELD_OUT_TASKS = (
     "Please submit the answer {n} when ready.",
@@ -161,7 +161,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=LOCAL_TRAINING.threads, help="torch threads for training "
                         "(a build is bitwise the same for a seed and a thread count)")
     parser.add_argument("--no-agents", action="store_true", help="do not train on the captured agent requests (by "
-                        "default the embedded default's training, trainer.local_model.LOCAL_TRAINING, is run)")
+                        "default the embedded default's training, trainer.models.local_model.LOCAL_TRAINING, is run)")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--model", type=Path, help="evaluate this trained model (e.g. the embedded default built by "

@@ -27,9 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_server import model_or_tiny  # noqa: E402
-from interceptor.tokens.rendering import Renderer, RendererConfig  # noqa: E402
-from interceptor.store.records import Generation  # noqa: E402
 from interceptor.gate.trajectory import Trajectory  # noqa: E402
+from interceptor.store.records import Generation  # noqa: E402
+from interceptor.tokens.rendering import Renderer, RendererConfig  # noqa: E402
 
 TOOLS = [
     {

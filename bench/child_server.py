@@ -89,7 +89,7 @@ class ChildServer:
 
 
 def _build_model(model_dir: Path) -> None:
-    from trainer.tiny_model import make_tiny_model
+    from trainer.models.tiny_model import make_tiny_model
 
     make_tiny_model(model_dir)
 

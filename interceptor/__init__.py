@@ -36,9 +36,9 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from interceptor.config import SamplingSettings, ServerConfig, UpstreamConfig
+    from interceptor.server import InterceptionServer, RolloutHandle
     from interceptor.store.recorder import read_records
     from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
-    from interceptor.server import InterceptionServer, RolloutHandle
 
 
 def __getattr__(name: str):

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from interceptor.config import SamplingSettings
 from interceptor.errors import BadRequest, ConfigError, NotFound, Unauthorized, json_response
-from interceptor.wire.protocol import ensure_serialisable, parse_json_body
 from interceptor.store.records import Failure
+from interceptor.wire.protocol import ensure_serialisable, parse_json_body
 from interceptor.wire.request_body import read_body
 
 if TYPE_CHECKING:

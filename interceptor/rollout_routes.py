@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from interceptor.wire.dialects.messages import MESSAGES
 from interceptor.errors import BadRequest, NotFound, json_response
+from interceptor.wire.dialects.messages import MESSAGES
 from interceptor.wire.protocol import ensure_serialisable, parse_json_body
 from interceptor.wire.request_body import read_body
 

@@ -25,15 +25,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from interceptor.wire.body_cache import BodyCache
 from interceptor.config import SamplingSettings
 from interceptor.errors import Conflict, NotFound, Unauthorized
+from interceptor.gate.trajectory import Trajectory
 from interceptor.store.journal import Journal
-from interceptor.wire.protocol import same_json
 from interceptor.store.records import Failure, RolloutRecord, RolloutStatus
 from interceptor.store.trace_log import TraceLog
-from interceptor.gate.trajectory import Trajectory
 from interceptor.transport.upstream import AttemptBudget
+from interceptor.wire.body_cache import BodyCache
+from interceptor.wire.protocol import same_json
 
 __all__ = ["Attempts", "Rollout", "RolloutRegistry", "RolloutView", "TurnResult", "TurnTrace"]
 

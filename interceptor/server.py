@@ -35,29 +35,28 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from interceptor.admin import add_admin_routes
-from interceptor.wire.body_budget import BodyBudget
 from interceptor.config import SamplingSettings, ServerConfig
-from interceptor.wire.dialects import Dialect, error_for
-from interceptor.wire.dialects.chat import CHAT
-from interceptor.wire.dialects.messages import MESSAGES
-from interceptor.wire.dialects.responses import RESPONSES
 from interceptor.errors import ConfigError, Conflict, errors_middleware_for, json_response
-from interceptor.gate.turn import Policy
-from interceptor.transport.lane import Lane, LaneRequest
-from interceptor.transport.lane_routes import LaneRoutes, from_aiohttp
-from interceptor.store.journal import Journal, journal_segments, recover_journal
-from interceptor.store.record_lock import hold_record_file
-from interceptor.store.records import Failure, RolloutRecord, RolloutStatus
-from interceptor.wire.request_body import BodyLimits
-from interceptor.store.recorder import Recorder
-from interceptor.tokens.rendering import Renderer, RendererConfig
-from interceptor.rollout_routes import add_rollout_routes
-from interceptor.rollouts import Rollout, RolloutRegistry, RolloutView
 from interceptor.gate.trajectory import Trajectory
-from interceptor.turns import Turns, lane_error
+from interceptor.gate.turn import Policy
 from interceptor.metrics import ServerMetrics
 from interceptor.mounts import mount_under
+from interceptor.rollout_routes import add_rollout_routes
+from interceptor.rollouts import Rollout, RolloutRegistry, RolloutView
+from interceptor.store.journal import Journal, journal_segments, recover_journal
+from interceptor.store.record_lock import hold_record_file
+from interceptor.store.recorder import Recorder
+from interceptor.store.records import Failure, RolloutRecord, RolloutStatus
+from interceptor.tokens.rendering import Renderer, RendererConfig
+from interceptor.transport.lane import Lane, LaneRequest
+from interceptor.transport.lane_routes import LaneRoutes, from_aiohttp
 from interceptor.transport.replicas import ReplicaSet
+from interceptor.turns import Turns, lane_error
+from interceptor.wire.body_budget import BodyBudget
+from interceptor.wire.dialects import Dialect
+from interceptor.wire.dialects.chat import CHAT
+from interceptor.wire.dialects.registry import DIALECTS, error_for
+from interceptor.wire.request_body import BodyLimits
 
 __all__ = ["InterceptionServer", "RolloutHandle", "HostTool"]
 
@@ -395,7 +394,6 @@ class InterceptionServer:
         return self.registry.authorize(request.match_info["rid"], dialect.authorization(request), tools=tools)
 
 
-DIALECTS = (CHAT, MESSAGES, RESPONSES)
 # The routes whose handlers read only headers, path parameters and the body, and answer JSON in one piece.
 _LANE_ROUTES = frozenset({"/health", "/rollouts", "/rollouts/{rid}", "/rollouts/{rid}/finish", "/rollout/{rid}/v1/models",
                           "/rollout/{rid}/v1/messages/count_tokens", "/rollout/{rid}/v1/tools/{tool}"})

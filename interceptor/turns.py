@@ -22,17 +22,18 @@ from typing import TYPE_CHECKING, NamedTuple
 import orjson
 from aiohttp import web
 
-from interceptor.wire.body_cache import BodyCache, ParsedBody
-from interceptor.wire.dialects import Dialect, error_for
 from interceptor.errors import ApiError, error_answer, json_response
 from interceptor.gate.turn import HEAVY_REQUEST_BYTES, PARSE_OFF_LOOP_BYTES, run_turn
-from interceptor.wire.incoming import read_request, unseen_part
-from interceptor.transport.lane import LaneReply, LaneRequest, LaneStream
-from interceptor.wire.protocol import ChatRequest, ensure_serialisable
-from interceptor.relay.turn import relay_turn
 from interceptor.relay.shapes import relay_shape_for
-from interceptor.wire.request_body import read_body
+from interceptor.relay.turn import relay_turn
 from interceptor.rollouts import Rollout, TurnResult
+from interceptor.transport.lane import LaneReply, LaneRequest, LaneStream
+from interceptor.wire.body_cache import BodyCache, ParsedBody
+from interceptor.wire.dialects import Dialect
+from interceptor.wire.dialects.registry import DIALECTS, error_for
+from interceptor.wire.incoming import read_request, unseen_part
+from interceptor.wire.protocol import ChatRequest, ensure_serialisable
+from interceptor.wire.request_body import read_body
 from interceptor.wire.streaming import SSE_HEADERS, EventWriter, open_aiohttp_stream, stream_turn
 
 if TYPE_CHECKING:

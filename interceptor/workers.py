@@ -39,8 +39,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from interceptor.config import ServerConfig
 from interceptor.admin import authorize_admin
+from interceptor.config import ServerConfig
 from interceptor.errors import NotFound, WorkerUnavailable, errors_middleware_for, json_response
 
 __all__ = ["ShardedServer", "worker_record_path"]

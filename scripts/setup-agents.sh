@@ -2,7 +2,7 @@
 # Install the pinned agents the e2e tests and `interceptor run` use (Pi, OpenCode, Claude Code and Codex CLI) from npm into
 # ${INTERCEPTOR_AGENTS_DIR:-$HOME/.cache/interceptor/agents}. Idempotent: pinned versions already installed are kept.
 #
-#   scripts/setup-agents.sh              # pi, opencode, claude and codex
+#   scripts/setup-agents.sh              # every packaged agent: pi, opencode, claude and codex
 #   scripts/setup-agents.sh pi           # just one
 #   scripts/setup-agents.sh --force pi   # reinstall
 #
@@ -31,8 +31,9 @@ for arg in "$@"; do
     *) names+=("$arg") ;;
   esac
 done
-(( ${#names[@]} )) || names=(pi opencode claude codex)
+# every agent with an npm package (agents/specs/packages.py: the one list)
+(( ${#names[@]} )) || read -r -a names <<<"$(.venv/bin/python -c 'from agents.specs.packages import PACKAGES; print(*PACKAGES)')"
 
 step "node $(node --version), npm $(npm --version); installing ${names[*]}"
-.venv/bin/python -m agents.install "${names[@]}" "${force[@]}"
+.venv/bin/python -m agents.specs.install "${names[@]}" "${force[@]}"
 step "done"

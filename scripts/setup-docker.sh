@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Make the Docker sandbox (agents/docker_sandbox.py) usable here: install docker.io, start a daemon when none
+# Make the Docker sandbox (agents/sandbox/docker.py) usable here: install docker.io, start a daemon when none
 # answers, and build the test image offline (no registry is reachable): a debootstrap'd minimal Debian root with
-# python3 (the in-container half of agents/netbridge.py needs it) and git (SWE set-up and grading), imported as
+# python3 (the in-container half of agents/sandbox/netbridge.py needs it) and git (SWE set-up and grading), imported as
 # $IMAGE.
 # Idempotent: each step is skipped when already done. Needs root. Exits non-zero, saying why, when no daemon can run.
 set -euo pipefail

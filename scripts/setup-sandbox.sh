@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install bubblewrap (`bwrap`), which the namespace sandbox (agents/namespace_sandbox.py) runs agents under.
+# Install bubblewrap (`bwrap`), which the namespace sandbox (agents/sandbox/namespace.py) runs agents under.
 # Idempotent and quiet: does nothing when bwrap is already on PATH. Needs root (or sudo) to install.
 set -euo pipefail
 if command -v bwrap >/dev/null 2>&1; then

@@ -14,16 +14,16 @@ from tests.vllm_fixtures import vllm_server  # noqa: F401  (session-scoped real 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from trainer.tiny_model import make_tiny_model
+    from trainer.models.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory) -> Path:
-    """The embedded default, built as `--upstream local` builds it (trainer.local_model): the policy the end-to-end
+    """The embedded default, built as `--upstream local` builds it (trainer.models.local_model): the policy the end-to-end
     tests run real agents against, and the model tests/trainer/test_tool_model.py examines."""
-    from trainer.local_model import ensure_local_model
+    from trainer.models.local_model import ensure_local_model
 
     return ensure_local_model(tmp_path_factory.mktemp("models") / "tool-calling")
 

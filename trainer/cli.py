@@ -11,8 +11,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from agents.registry import AGENTS
 from agents.run_args import add_run_arguments
+from agents.sandbox.backends import CHOICES as SANDBOX_CHOICES
+from agents.specs.registry import AGENTS
 
 if TYPE_CHECKING:
     from interceptor.cli import CommandRegistry
@@ -23,13 +24,13 @@ __all__ = ["register"]
 def _make_tiny_model(args: argparse.Namespace) -> int:
     """OUT is replaced when it is absent, empty or a model this command wrote; anything else is refused (exit 2).
     With --tool-calling, OUT is kept when it already holds that exact trained model."""
-    from trainer.tiny_model import ModelDirError, TinyModelSpec, make_tiny_model
+    from trainer.models.tiny_model import ModelDirError, TinyModelSpec, make_tiny_model
 
     try:
         if args.tool_calling:
             import dataclasses
 
-            from trainer.local_model import LOCAL_TRAINING, make_local_model
+            from trainer.models.local_model import LOCAL_TRAINING, make_local_model
 
             training = LOCAL_TRAINING
             if args.train_steps is not None:  # a weaker policy, as trained: no corrective steps after the check
@@ -46,9 +47,9 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    """A real pretrained model a package ships (`trainer.packaged_model`), written to OUT as a checkpoint."""
-    from trainer.packaged_model import PackagedModelMissing, import_packaged_model
-    from trainer.tiny_model import ModelDirError
+    """A real pretrained model a package ships (`trainer.models.packaged_model`), written to OUT as a checkpoint."""
+    from trainer.models.packaged_model import PackagedModelMissing, import_packaged_model
+    from trainer.models.tiny_model import ModelDirError
 
     try:
         out = import_packaged_model(args.name, args.out, dtype=args.dtype, untie=args.untie_embeddings)
@@ -199,7 +200,7 @@ def register(commands: CommandRegistry) -> None:
     replay.add_argument("--max-tokens", type=int, default=None)
     replay.add_argument("--model", default=None, help="the model directory (tokenizer and chat template); default: "
                                                       "the one setup.json beside RECORDS names")
-    replay.add_argument("--sandbox", choices=("auto", "local"), default="auto")
+    replay.add_argument("--sandbox", choices=SANDBOX_CHOICES, default="auto", help="as `run --sandbox`")
 
     demo = commands.add("demo", _demo, "build the tiny model, start the local engine and the server, run a rollout")
     demo.add_argument("--workdir", default="runs/demo")

@@ -22,8 +22,8 @@ from openai import AsyncOpenAI
 from interceptor import SamplingSettings
 from interceptor.tools.inspect import show_rollout, summarise
 
+from trainer.models.tiny_model import make_tiny_model
 from trainer.policy_stack import PolicyStack, StackConfig
-from trainer.tiny_model import make_tiny_model
 
 __all__ = ["collect_message", "run_demo_from_args"]
 

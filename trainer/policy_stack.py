@@ -4,7 +4,7 @@
         records = await stack.runner.run_tasks(tasks, n=4)
 
 - The policy server: `upstream=("local",)` builds the embedded default in `model` if it is not there yet
-  (`trainer.local_model`) and starts the local engine in this process (on `engine_device`, in `engine_dtype`);
+  (`trainer.models.local_model`) and starts the local engine in this process (on `engine_device`, in `engine_dtype`);
   otherwise `upstream` is the URL of vLLM, or of several replicas of it (`interceptor.transport.replicas`: each rollout
   pinned to one), or of any OpenAI-style API in `black_box` mode (its key from `INTERCEPTOR_UPSTREAM_API_KEY`,
   never from argv).
@@ -83,7 +83,7 @@ class PolicyStack:
         async with AsyncExitStack() as stack:
             if config.local:
                 if config.build_local_model:
-                    from trainer.local_model import prepare_local_model
+                    from trainer.models.local_model import prepare_local_model
 
                     self.model_dir = await prepare_local_model(config.model)
                 self.engine = await stack.enter_async_context(LocalEngine(EngineConfig(

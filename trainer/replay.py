@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.runner import Runner, RunnerConfig
-from agents.spec import AgentSpec
+from agents.specs.spec import AgentSpec
 from agents.tasks import Task, load_tasks
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.store.recorder import read_records
@@ -93,8 +93,9 @@ def _max_model_len(model_dir: Path) -> int:
 
 
 async def replay_rollout(record: RolloutRecord, task: Task, *, agent: AgentSpec | Callable[[int], AgentSpec],
-                         model_dir: Path, sandbox=None, workdir: Path | None = None) -> ReplayReport:
-    """Run `agent` on `task` against `record` as its policy; `agent` may be a function of the context window."""
+                         model_dir: Path, backend: str = "auto", workdir: Path | None = None) -> ReplayReport:
+    """Run `agent` on `task` against `record` as its policy; `agent` may be a function of the context window.
+    `backend`: the sandbox backend, as `--sandbox` names it (`agents.sandbox.backends`)."""
     from transformers import AutoTokenizer
 
     if not record.samples:
@@ -109,7 +110,7 @@ async def replay_rollout(record: RolloutRecord, task: Task, *, agent: AgentSpec 
                                   model_dir=Path(model_dir), record_path=where / "replay.jsonl")
             async with InterceptionServer(config) as server:
                 spec = agent(context) if callable(agent) else agent  # agent specs are plain dataclasses
-                runner_config = RunnerConfig(agent=spec, concurrency=1, sandbox=sandbox)
+                runner_config = RunnerConfig(agent=spec, concurrency=1, backend=backend)
                 async with Runner(server, runner_config) as runner:
                     replayed = await runner.run_rollout(task, metadata={"replay_of": record.rollout_id})
     finally:
@@ -121,9 +122,9 @@ async def replay_rollout(record: RolloutRecord, task: Task, *, agent: AgentSpec 
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    from agents.sandbox import LocalSandbox
+    from trainer.run_main import _agent, _check_sandbox
 
-    from trainer.run_main import _agent
+    _check_sandbox(args.sandbox)
 
     records = Path(args.records)
     matches = [r for r in read_records(records) if r.rollout_id == args.rollout]
@@ -141,7 +142,7 @@ async def _replay(args: argparse.Namespace) -> int:
     if model is None:
         raise ValueError(f"no model directory: give --model (no setup.json beside {records} names one)")
     report = await replay_rollout(record, tasks[task_id], agent=lambda context: _agent(args, context_window=context),
-                                  model_dir=model, sandbox=LocalSandbox if args.sandbox == "local" else None)
+                                  model_dir=model, backend=args.sandbox)
     print(report.summary())
     return 0 if report.matched else 1
 

@@ -18,13 +18,12 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from agents.cgroups import ResourceLimits
 from agents.errors import AgentConfigError
-from agents.pool import PoolConfig
-from agents.registry import AgentSettings, build_agent
 from agents.runner import RunnerConfig
-from agents.sandbox import LocalSandbox
-from agents.spec import AgentSpec
+from agents.sandbox.cgroups import ResourceLimits
+from agents.sandbox.pool import PoolConfig
+from agents.specs.registry import AgentSettings, build_agent
+from agents.specs.spec import AgentSpec
 from agents.tasks import load_tasks
 from interceptor.config import SamplingSettings
 from interceptor.store.records import RolloutRecord
@@ -54,18 +53,12 @@ def _resources(args: argparse.Namespace) -> ResourceLimits | None:
     return limits if limits.any else None
 
 
-def _sandbox(choice: str, server, resources: ResourceLimits | None):
-    """The sandbox factory for `--sandbox`: None lets the runner choose (namespace where possible)."""
-    if choice == "local":
-        return LocalSandbox
-    if choice == "namespace":
-        from agents.namespace_sandbox import namespaces_unavailable
-        from agents.runner import namespace_sandbox_for
+def _check_sandbox(choice: str) -> None:
+    """`--sandbox namespace` where this machine has no namespaces is refused before anything starts."""
+    from agents.sandbox.backends import BACKENDS
 
-        if reason := namespaces_unavailable():
-            raise SystemExit(f"--sandbox namespace: {reason}")
-        return namespace_sandbox_for(server, resources=resources)
-    return None
+    if choice != "auto" and (reason := BACKENDS[choice].unavailable()):
+        raise SystemExit(f"--sandbox {choice}: {reason}")
 
 
 def progress_printer(total: int):
@@ -113,7 +106,8 @@ def summary_table(records: list[RolloutRecord]) -> str:
 async def run(args: argparse.Namespace) -> int:
     if args.warm_pool < 0:
         raise SystemExit("--warm-pool must be 0 or more")
-    resources = _resources(args)  # refused before anything starts
+    resources = _resources(args)  # refused before anything starts, as a backend this machine lacks is
+    _check_sandbox(args.sandbox)
     if args.swe_repos:
         from agents.swe import load_swe_tasks
 
@@ -140,8 +134,8 @@ async def run(args: argparse.Namespace) -> int:
             agent=_agent(args, context_window=server.policy.max_model_len if server.policy else 32768),
             sampling=SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
             concurrency=args.concurrency,
-            sandbox=_sandbox(args.sandbox, server, resources),
-            resources=resources if args.sandbox == "auto" else None,  # a chosen backend has them built in
+            backend=args.sandbox,
+            resources=resources,
             pool=PoolConfig(size=args.warm_pool),
         )
 
@@ -162,7 +156,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from trainer.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
+    from trainer.models.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
 
     try:
         return asyncio.run(run(args))

@@ -25,9 +25,9 @@ The config file is TOML; every key is optional except `tasks`:
                                     # early, saving the policy it has
     max_failed_groups = 4           # groups in a row whose every rollout failed (a broken agent, sandbox or policy
                                     # server) before the run fails (exit 1), saving the policy it has
-    attention = "auto"              # auto | fa3 | torch: TRL's FA3 kernel where it loads, else torch (trl_compat.py)
+    attention = "auto"              # auto | fa3 | torch: TRL's FA3 kernel where it loads, else torch (trainer/rl/trl_compat.py)
     dtype = "auto"                  # auto | float32 | bfloat16 | float16: bf16 on a CUDA GPU, fp32 on CPU
-    allow_dtype_mismatch = false    # train even when the generator serves another dtype (precision.py)
+    allow_dtype_mismatch = false    # train even when the generator serves another dtype (trainer/rl/precision.py)
     allow_tied_reload = false       # reload weights into vLLM even when the model ties its embeddings, which vLLM
                                     # 0.31 reloads wrong (weight_sync.TIED_RELOAD): refused unless set
     device = "auto"                 # the local engine's device: auto (cuda when present) | cpu | cuda | cuda:N
@@ -64,9 +64,9 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from trainer.grpo_setup import TiedReloadRefused
+from trainer.rl.grpo_setup import TiedReloadRefused
+from trainer.rl.worker import DEFAULT_MAX_STALENESS
 from trainer.upstreams import LOCAL, parse_upstream
-from trainer.worker import DEFAULT_MAX_STALENESS
 
 __all__ = ["TiedReloadRefused", "TrainConfig", "TrainResult", "agent_spec", "run_train_from_args", "train"]
 
@@ -106,7 +106,7 @@ class TrainConfig:
         for name in ("tasks", "model", "out"):
             object.__setattr__(self, name, Path(getattr(self, name)))
         object.__setattr__(self, "upstreams", parse_upstream(self.upstream))
-        from agents.registry import trainable
+        from agents.specs.registry import trainable
 
         if self.agent not in trainable():
             raise ValueError(f"agent must be one of {', '.join(trainable())}, not {self.agent!r}")
@@ -114,8 +114,8 @@ class TrainConfig:
                 or self.max_failed_groups < 1):
             raise ValueError("max_steps >= 1, num_generations >= 2, samples_per_step >= 1, max_empty_groups >= 1 and "
                              "max_failed_groups >= 1 are needed")
-        from trainer.precision import DTYPES
-        from trainer.trl_compat import ATTENTION_CHOICES
+        from trainer.rl.precision import DTYPES
+        from trainer.rl.trl_compat import ATTENTION_CHOICES
 
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {self.attention!r}")
@@ -172,7 +172,7 @@ class TrainResult:
 
 
 def agent_spec(config: TrainConfig, *, context_window: int):
-    from agents.registry import AgentSettings, build_agent
+    from agents.specs.registry import AgentSettings, build_agent
 
     return build_agent(config.agent, AgentSettings(context_window=context_window, max_tokens=config.max_tokens,
                                                    command=config.command))
@@ -205,14 +205,14 @@ async def train(config: TrainConfig) -> TrainResult:
     from agents.tasks import load_tasks
     from interceptor import SamplingSettings
 
-    from trainer.advantages import GroupFilter
-    from trainer.logprob_gap import with_logprob_gap
     from trainer.policy_stack import PolicyStack, StackConfig
-    from trainer.precision import trainer_dtype
-    from trainer.trl_compat import apply_trl_compat, resolve_attention
-    from trainer.grpo_setup import check_the_policy_servers, grpo_args, weight_transfer
-    from trainer.weight_sync import GatedTransfer
-    from trainer.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
+    from trainer.rl.advantages import GroupFilter
+    from trainer.rl.grpo_setup import check_the_policy_servers, grpo_args, weight_transfer
+    from trainer.rl.logprob_gap import with_logprob_gap
+    from trainer.rl.precision import trainer_dtype
+    from trainer.rl.trl_compat import apply_trl_compat, resolve_attention
+    from trainer.rl.weight_sync import GatedTransfer
+    from trainer.rl.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
 
     started = time.perf_counter()
     on_cpu = not torch.cuda.is_available()
@@ -335,9 +335,9 @@ def run_train_from_args(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"interceptor train: error: {exc}", file=sys.stderr)
         return 2
-    from trainer.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
+    from trainer.models.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
 
-    from trainer.precision import DtypeMismatch
+    from trainer.rl.precision import DtypeMismatch
 
     try:
         result = asyncio.run(train(config))

@@ -1,4 +1,4 @@
-"""GRPO on CPU through `trainer.environment`: TRL's GRPOTrainer owns generation and the tool loop; the task's
+"""GRPO on CPU through `trainer.rl.environment`: TRL's GRPOTrainer owns generation and the tool loop; the task's
 sandbox runs the tools; the host grader gives the reward.
 
     .venv/bin/interceptor make-tiny-model --tool-calling runs/train-env/model   # or let this script build it
@@ -21,8 +21,8 @@ from transformers import TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from agents.tasks import load_tasks  # noqa: E402
-from trainer.environment import EnvironmentConfig, environment_factory_for, grader_reward, task_dataset  # noqa: E402
-from trainer.local_model import ensure_local_model  # noqa: E402
+from trainer.models.local_model import ensure_local_model  # noqa: E402
+from trainer.rl.environment import EnvironmentConfig, environment_factory_for, grader_reward, task_dataset  # noqa: E402
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks" / "arithmetic.jsonl"
 
@@ -65,7 +65,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     config = GRPOConfig(
         output_dir=str(args.out / "trainer"),
-        use_cpu=True, bf16=False,  # float32 on CPU, as trainer.trl_compat.CPU_CONFIG
+        use_cpu=True, bf16=False,  # float32 on CPU, as trainer.rl.trl_compat.CPU_CONFIG
         model_init_kwargs={"dtype": "float32"},
         per_device_train_batch_size=args.batch,
         num_generations=args.num_generations,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from interceptor.tokens.ids_json import IdsJson, PromptJson
 from interceptor.store.records import SampleRecord, TurnRecord
+from interceptor.tokens.ids_json import IdsJson, PromptJson
 
 __all__ = ["BranchRecord", "build_samples", "json_ids"]
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from interceptor.gate.branch_record import BranchRecord, build_samples
 from interceptor.errors import BadRequest
-from interceptor.tokens.ids_json import IdsJson, PromptJson
-from interceptor.wire.protocol import normalize_messages, tools_key
+from interceptor.gate.branch_record import BranchRecord, build_samples
 from interceptor.store.records import Generation, SampleRecord, TurnRecord
+from interceptor.tokens.ids_json import IdsJson, PromptJson
 from interceptor.tokens.rendering import Renderer
+from interceptor.wire.protocol import normalize_messages, tools_key
 
 __all__ = ["BranchRecord", "TurnPlan", "Trajectory", "build_samples", "message_key", "tools_key"]
 

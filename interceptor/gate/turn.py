@@ -18,16 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from interceptor.errors import BadRequest, ContextLengthExceeded, UpstreamError
+from interceptor.gate.trajectory import TurnPlan
+from interceptor.rollouts import Rollout, TurnResult, TurnTrace
 from interceptor.store.journal import Journal
+from interceptor.store.records import Generation
+from interceptor.tokens.rendering import Renderer
+from interceptor.tokens.shared_renders import SharedRenders
+from interceptor.transport.replicas import ReplicaSet
 from interceptor.wire.parsing import parse_output
 from interceptor.wire.protocol import ChatRequest
 from interceptor.wire.replies import assistant_message, finish_reason_for, new_tool_call_id, token_logprobs
-from interceptor.store.records import Generation
-from interceptor.tokens.rendering import Renderer
-from interceptor.rollouts import Rollout, TurnResult, TurnTrace
-from interceptor.tokens.shared_renders import SharedRenders
-from interceptor.gate.trajectory import TurnPlan
-from interceptor.transport.replicas import ReplicaSet
 
 __all__ = ["HEAVY_REQUEST_BYTES", "PARSE_OFF_LOOP_BYTES", "Policy", "run_turn"]
 

@@ -21,20 +21,22 @@ from dataclasses import replace
 import orjson
 from aiohttp import web
 
+from interceptor.errors import ApiError
+from interceptor.relay.turn import CHAT_RELAY, EventCollector, Rebuilt, RelayShape, error_message, token_count
 from interceptor.wire.dialects.chat import CHAT
 from interceptor.wire.dialects.messages import MESSAGES
 from interceptor.wire.dialects.responses import RESPONSES
-from interceptor.errors import ApiError
-from interceptor.relay.turn import CHAT_RELAY, EventCollector, Rebuilt, RelayShape, error_message, token_count
 
-__all__ = ["MESSAGES_RELAY", "RESPONSES_RELAY", "relay_shape_for"]
+__all__ = ["MESSAGES_RELAY", "RELAY_SHAPES", "RESPONSES_RELAY", "relay_shape_for"]
 
 ANTHROPIC_VERSION = "2023-06-01"  # what the upstream gets when the agent names no version
 _STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
 
 
 def relay_shape_for(dialect_name: str) -> RelayShape:
-    return {CHAT.name: CHAT_RELAY, MESSAGES.name: MESSAGES_RELAY, RESPONSES.name: RESPONSES_RELAY}[dialect_name]
+    """The relay shape of a dialect in `interceptor.wire.dialects.registry.DIALECTS` (a test holds every one to
+    having one here)."""
+    return RELAY_SHAPES[dialect_name]
 
 
 def _sse(event: str, data: dict) -> bytes:
@@ -243,3 +245,5 @@ class _ResponsesCollector(EventCollector):
 
 MESSAGES_RELAY = _MessagesRelay()
 RESPONSES_RELAY = _ResponsesRelay()
+RELAY_SHAPES: dict[str, RelayShape] = {CHAT.name: CHAT_RELAY, MESSAGES.name: MESSAGES_RELAY,
+                                       RESPONSES.name: RESPONSES_RELAY}  # by dialect name: one entry per dialect

@@ -21,13 +21,13 @@ import orjson
 from aiohttp import web
 
 from interceptor.errors import ApiError, UpstreamError, UpstreamUnavailable, error_body
+from interceptor.gate.trajectory import message_key
+from interceptor.rollouts import Rollout
 from interceptor.store.journal import Journal
+from interceptor.transport.replicas import ReplicaSet
 from interceptor.wire.protocol import ChatRequest
 from interceptor.wire.replies import SSE_DONE, encode_sse
-from interceptor.rollouts import Rollout
 from interceptor.wire.streaming import SSE_HEADERS
-from interceptor.gate.trajectory import message_key
-from interceptor.transport.replicas import ReplicaSet
 
 __all__ = [
     "CHAT_RELAY", "EventCollector", "Rebuilt", "RelayShape", "StreamCollector", "error_message", "json_object",

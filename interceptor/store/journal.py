@@ -28,10 +28,10 @@ from pathlib import Path
 import orjson
 
 from interceptor.gate.branch_record import BranchRecord, build_samples
-from interceptor.tokens.ids_json import IdsJson
 from interceptor.store.recorder import recorded_ids
 from interceptor.store.records import Failure, RolloutRecord, TurnRecord
 from interceptor.store.trace_log import Spot
+from interceptor.tokens.ids_json import IdsJson
 
 __all__ = ["Journal", "JournalError", "recover_journal", "journal_segments"]
 

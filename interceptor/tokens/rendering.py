@@ -41,9 +41,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from interceptor.errors import BadRequest, ConfigError
 from interceptor.tokens.bpe_twin import build_twin
 from interceptor.tokens.chunk_ids import ChunkIds, cut_after
-from interceptor.errors import BadRequest, ConfigError
 from interceptor.tokens.ids_json import IdsJson
 from interceptor.tokens.suffix_writer import AUDIT_EVERY, chatml_suffix, checked_writer
 from interceptor.tokens.templates import training_template_for

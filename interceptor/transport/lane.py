@@ -43,8 +43,8 @@ from http import HTTPStatus
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from interceptor.wire.body_budget import BodyBudget
 from interceptor.errors import Overloaded
+from interceptor.wire.body_budget import BodyBudget
 
 __all__ = ["Handler", "Lane", "LaneReply", "LaneRequest", "LaneStream"]
 

@@ -38,9 +38,9 @@ import orjson
 
 from interceptor.config import UpstreamConfig
 from interceptor.errors import ApiError, ContextLengthExceeded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from interceptor.transport.http1 import Http1Pool, HttpError, lean_client_serves
-from interceptor.tokens.ids_json import PromptJson
 from interceptor.store.records import Generation
+from interceptor.tokens.ids_json import PromptJson
+from interceptor.transport.http1 import Http1Pool, HttpError, lean_client_serves
 
 __all__ = ["AttemptBudget", "RETRYABLE_STATUSES", "UpstreamClient", "parse_generation", "redact_url"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import orjson
 
+from interceptor.errors import BadRequest
 from interceptor.wire.body_cache import BodyCache, ParsedBody
 from interceptor.wire.dialects import Dialect
-from interceptor.errors import BadRequest
 from interceptor.wire.protocol import ChatRequest
 
 __all__ = ["read_request", "unseen_part"]

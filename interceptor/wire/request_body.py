@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from interceptor.wire.body_budget import BodyBudget
 from interceptor.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from interceptor.wire.body_budget import BodyBudget
 
 if TYPE_CHECKING:
     from interceptor.transport.lane import LaneRequest

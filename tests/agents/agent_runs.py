@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from agents import AgentNotInstalled, AgentRollout, AgentSpec, Heartbeat, LocalSandbox, RunLimits, RunResult
-from agents.packages import AgentPackage, find_binary
+from agents.specs.packages import AgentPackage, find_binary
 from interceptor import InterceptionServer, RolloutRecord, ServerConfig, UpstreamConfig
 from tests.agents.recording_proxy import CapturedRequest, RecordingProxy
 from tests.fakes import ScriptedUpstream

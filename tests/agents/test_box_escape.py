@@ -31,11 +31,11 @@ from pathlib import Path
 import pytest
 
 from agents import AgentLaunch, LocalSandboxConfig, RunLimits
-from agents.cgroups import DEFAULT_LIMITS, ResourceLimits, cgroups_unavailable
-from agents.docker_sandbox import DockerSandbox, docker_unavailable
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
-from agents import netbridge
-from agents.netbridge import MAX_CONNECTIONS
+from agents.sandbox import netbridge
+from agents.sandbox.cgroups import DEFAULT_LIMITS, ResourceLimits, cgroups_unavailable
+from agents.sandbox.docker import DockerSandbox, docker_unavailable
+from agents.sandbox.namespace import NamespaceSandbox, namespaces_unavailable
+from agents.sandbox.netbridge import MAX_CONNECTIONS
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 
 ADVERSARY = Path(__file__).with_name("adversary.py").resolve()

@@ -22,11 +22,11 @@ import pytest
 
 from agents import AgentLaunch, LocalSandboxConfig, PiAgent, RunLimits
 from agents.answer_command import write_answer_command
-from agents.docker_sandbox import LABEL, ContainerLimits, DockerSandbox, docker_unavailable
-from agents.namespace_sandbox import SandboxUnavailable
-from agents.packages import PI
 from agents.runner import Runner, RunnerConfig
-from agents.spec import write_private_json
+from agents.sandbox.docker import LABEL, ContainerLimits, DockerSandbox, docker_unavailable
+from agents.sandbox.namespace import SandboxUnavailable
+from agents.specs.packages import PI
+from agents.specs.spec import write_private_json
 from tests.agents.agent_runs import MAX_MODEL_LEN, bash_call, require_agent
 from tests.invariants import assert_token_exact
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from agents.answer_command import write_answer_command
-from agents.graders import GraderFailed, grade
-from agents.tasks import Task, TaskError, load_tasks
+from agents.graders import GRADERS, GraderFailed, grade
+from agents.tasks import GRADER_KINDS, Task, TaskError, load_tasks
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 
 
@@ -59,6 +59,19 @@ async def test_command_grader_with_fail_to_pass_and_pass_to_pass(tmp_path):
     assert (await grade(passing, answer=None, answered=False, workspace=tmp_path)).reward == 1.0
     result = await grade(failing, answer=None, answered=False, workspace=tmp_path)
     assert result.reward == 0.0 and "1/2" in result.detail
+
+
+def test_every_grader_kind_has_its_grader_and_nothing_else_does():
+    assert set(GRADERS) == set(GRADER_KINDS)
+    with pytest.raises(TaskError, match="unknown grader kind 'vibes': one of answer, command, python, swe"):
+        task({"kind": "vibes"})
+
+
+async def test_a_grader_of_a_kind_with_no_grader_is_a_failure_not_a_crash(tmp_path):
+    odd = task({"kind": "answer", "expected": "5"})
+    object.__setattr__(odd.grader, "kind", "vibes")  # built around the check, as a caller's own Grader could be
+    with pytest.raises(GraderFailed, match="no grader of kind 'vibes'"):
+        await grade(odd, answer="5", answered=True, workspace=tmp_path)
 
 
 async def test_grader_that_times_out_or_raises_is_a_failure(tmp_path):

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agents import InstallError
-from agents.install import install_agent, main
-from agents.packages import PI, STAMP
+from agents.specs.install import install_agent, main
+from agents.specs.packages import PI, STAMP
 
 # Lays out <prefix>/node_modules/.bin/pi reporting $FAKE_VERSION, as `npm install --prefix P pkg@v` would, and
 # counts its calls.
@@ -86,11 +86,11 @@ def test_main_installs_and_returns_nonzero_on_failure(tmp_path, fake_npm, monkey
 def test_the_readme_command_installs_all_four_agents(monkeypatch, capsys):
     """`interceptor agents install pi opencode claude codex`, exactly as the README writes it, reaches the installer
     with every name (it once accepted only pi and opencode)."""
-    import agents.install
+    import agents.specs.install
     from interceptor.cli import main as interceptor_main
 
     installed = []
-    monkeypatch.setattr(agents.install, "install_agent",
+    monkeypatch.setattr(agents.specs.install, "install_agent",
                         lambda name, **kwargs: installed.append(name) or Path("/agents") / name)
 
     assert interceptor_main(["agents", "install", "pi", "opencode", "claude", "codex"]) == 0

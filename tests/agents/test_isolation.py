@@ -25,8 +25,8 @@ from aiohttp import web
 
 from agents import AgentLaunch, LocalSandbox, LocalSandboxConfig, RunLimits
 from agents.answer_command import write_answer_command
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
-from agents.spec import write_private_json
+from agents.sandbox.namespace import NamespaceSandbox, namespaces_unavailable
+from agents.specs.spec import write_private_json
 
 FAST = LocalSandboxConfig(kill_grace_s=0.5, poll_s=0.05)
 BOUND_S = 60.0  # every test as a whole; a hang fails instead of blocking the suite

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from agents import AgentLaunch, RunLimits
-from agents.cgroups import ResourceLimits, cgroups_unavailable
 from agents.errors import AgentConfigError
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
+from agents.sandbox.cgroups import ResourceLimits, cgroups_unavailable
+from agents.sandbox.namespace import NamespaceSandbox, namespaces_unavailable
 
 WHY_NOT = namespaces_unavailable() or cgroups_unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"resource limits: {WHY_NOT}")
@@ -54,7 +54,7 @@ async def test_a_run_cannot_start_more_processes_than_its_pids_limit():
 
 
 def test_limits_that_cannot_be_set_are_refused_not_dropped(monkeypatch):
-    import agents.namespace_sandbox as module
+    import agents.sandbox.namespace as module
 
     monkeypatch.setattr(module, "cgroups_unavailable", lambda: "no controllers here")
     with pytest.raises(AgentConfigError, match="no controllers here"):

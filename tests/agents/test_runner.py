@@ -61,14 +61,14 @@ async def test_agent_runs_the_tool_the_model_called_and_is_graded_on_the_host(se
 async def test_rollouts_of_a_runner_under_async_with_start_from_its_warm_pool_and_stay_token_exact(server, scripted):
     import asyncio
 
-    from agents.pool import PoolConfig
+    from agents.sandbox.pool import PoolConfig
 
     scripted.script(*([bash_call("answer 5"), "Submitted."] * 3))
     async with Runner(server, RunnerConfig(agent=AGENT, concurrency=1, pool=PoolConfig(size=1))) as runner:
         records = []
         for i in range(3):
             async with asyncio.timeout(30):  # the pool refills in the background: wait for it, then take
-                while not runner.pool.ready(("default", "model")):
+                while not runner.pool.ready(runner.default_kind):
                     await asyncio.sleep(0.02)
             records.append(await runner.run_rollout(task(id=f"t{i}")))
         assert (runner.pool.taken_warm, runner.pool.taken_cold) == (3, 0)
@@ -139,7 +139,7 @@ async def test_failed_setup_is_a_sandbox_failure(server):
 
 
 async def test_setup_and_grading_run_inside_the_default_sandbox(server, scripted):
-    from agents.namespace_sandbox import namespaces_unavailable
+    from agents.sandbox.namespace import namespaces_unavailable
 
     if reason := namespaces_unavailable():
         pytest.skip(reason)
@@ -164,7 +164,7 @@ async def test_the_same_grader_on_the_host_sees_the_host(server, scripted):
 
 async def test_a_sandbox_backend_that_keeps_failing_is_paused_instead_of_burning_every_rollout(server, scripted):
     from agents import AgentError, LocalSandbox
-    from agents.breaker import BreakerConfig
+    from agents.sandbox.breaker import BreakerConfig
 
     runner: Runner | None = None
 
@@ -191,7 +191,7 @@ async def test_a_sandbox_backend_that_keeps_failing_is_paused_instead_of_burning
 async def test_a_rollout_in_the_default_sandbox_cannot_read_the_records_of_the_others(scripted, tiny_model_dir):
     import tempfile
 
-    from agents.namespace_sandbox import namespaces_unavailable
+    from agents.sandbox.namespace import namespaces_unavailable
 
     if reason := namespaces_unavailable():
         pytest.skip(reason)
@@ -219,7 +219,7 @@ async def test_a_task_whose_image_cannot_run_fails_with_cause_sandbox_and_is_nev
 async def test_only_a_task_that_opens_the_network_reaches_other_host_ports(server, scripted, network):
     import asyncio as aio
 
-    from agents.namespace_sandbox import namespaces_unavailable
+    from agents.sandbox.namespace import namespaces_unavailable
 
     if reason := namespaces_unavailable():
         pytest.skip(reason)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agents import AgentLaunch, Heartbeat, LocalSandbox, LocalSandboxConfig, RunLimits
-from agents.output import OutputTail
+from agents.sandbox.output import OutputTail
 
 SECRET = "tok-9f8e7d6c5b4a"
 FAST = LocalSandboxConfig(kill_grace_s=0.5, poll_s=0.05)

@@ -24,7 +24,7 @@ from agents import (
     OpenCodeAgent,
     PiAgent,
 )
-from agents.packages import OPENCODE, PI, STAMP, find_binary
+from agents.specs.packages import OPENCODE, PI, STAMP, find_binary
 
 SECRET = "s3cr3t-Token_abc.DEF~42"
 # An instruction that argv parsing would mangle: a leading dash, an @file, quotes, newlines, a placeholder.
@@ -260,8 +260,8 @@ def test_the_command_agent_satisfies_the_protocol():
 
 
 def test_the_registry_builds_each_agent_from_the_shared_settings_and_names_what_install_and_train_take():
-    from agents.packages import PACKAGES
-    from agents.registry import AgentSettings, build_agent, installable, trainable
+    from agents.specs.packages import PACKAGES
+    from agents.specs.registry import AgentSettings, build_agent, installable, trainable
 
     settings = AgentSettings(context_window=4096, max_tokens=256, command="python agent.py")
     for name, kind in AGENTS.items():

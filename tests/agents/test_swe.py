@@ -12,9 +12,9 @@ import pytest
 
 from agents import LocalSandbox, PiAgent
 from agents.graders import grade
-from agents.namespace_sandbox import namespaces_unavailable
-from agents.packages import PI
 from agents.runner import Runner, RunnerConfig
+from agents.sandbox.namespace import namespaces_unavailable
+from agents.specs.packages import PI
 from agents.swe import load_swe_tasks
 from agents.tasks import Limits, TaskError
 from examples.swe_tiny.make_suite import make_suite
@@ -156,7 +156,7 @@ async def test_pi_inside_the_namespace_sandbox_fixes_the_bug_through_the_bridge_
 @pytest.mark.e2e
 async def test_opencode_inside_the_namespace_sandbox_fixes_the_bug_and_earns_1(tasks, server, scripted):
     from agents import OpenCodeAgent
-    from agents.packages import OPENCODE
+    from agents.specs.packages import OPENCODE
 
     if reason := namespaces_unavailable():
         pytest.skip(reason)

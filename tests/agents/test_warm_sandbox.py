@@ -11,8 +11,8 @@ import pytest
 
 from agents import AgentLaunch, LocalSandbox, LocalSandboxConfig, RunLimits
 from agents.errors import AgentConfigError, AgentError
-from agents.namespace_sandbox import NamespaceSandbox
-from agents.pool import PoolConfig, SandboxPool
+from agents.sandbox.namespace import NamespaceSandbox
+from agents.sandbox.pool import PoolConfig, SandboxPool
 
 from .test_isolation import (  # noqa: F401  (model_server and other_listener are fixtures)
     ATTACKS,
@@ -233,7 +233,7 @@ async def test_a_spare_that_does_not_come_up_is_an_error_with_its_stderr_and_lea
         def _launcher(self) -> list[str]:
             return ["/bin/sh", "-c", "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1"]
 
-    from agents.spare import SpareFailed
+    from agents.sandbox.spare import SpareFailed
 
     async with asyncio.timeout(BOUND_S), Broken(FAST) as box:
         with pytest.raises(SpareFailed, match="uid map: Permission denied"):

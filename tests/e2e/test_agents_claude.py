@@ -1,4 +1,4 @@
-"""The real Claude Code (pinned in agents.packages) against the interception server's Messages dialect, in front of
+"""The real Claude Code (pinned in agents.specs.packages) against the interception server's Messages dialect, in front of
 a scripted policy.
 
 The "model" first calls Claude Code's `Bash` tool, then answers in text. Claude Code must run the command in its
@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from agents.claude import ClaudeAgent
-from agents.packages import CLAUDE
+from agents.specs.claude import ClaudeAgent
+from agents.specs.packages import CLAUDE
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import check_first_request, interception_server, require_agent, run_agent
 from tests.invariants import assert_token_exact

@@ -1,4 +1,4 @@
-"""The real Codex CLI (pinned in agents.packages) against the interception server's Responses dialect, in front of
+"""The real Codex CLI (pinned in agents.specs.packages) against the interception server's Responses dialect, in front of
 a scripted policy.
 
 The "model" first calls Codex's `exec_command` tool, then answers in text. Codex must run the command in its
@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from agents.codex import CodexAgent
-from agents.packages import CODEX
+from agents.specs.codex import CodexAgent
+from agents.specs.packages import CODEX
 from tests.agents.agent_runs import MAX_MODEL_LEN, check_first_request, interception_server, require_agent, run_agent
 from tests.invariants import assert_token_exact
 

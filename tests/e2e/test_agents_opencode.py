@@ -1,4 +1,4 @@
-"""The real OpenCode (pinned in agents.packages) against the interception server in front of a scripted policy.
+"""The real OpenCode (pinned in agents.specs.packages) against the interception server in front of a scripted policy.
 
 The "model" first calls OpenCode's `bash` tool, then answers in text. OpenCode must run the command in its workspace,
 send the result back as a `tool` message, and the rollout's record must hold both turns as one token-exact sample;
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from agents import OpenCodeAgent
-from agents.packages import OPENCODE
+from agents.specs.packages import OPENCODE
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import bash_call, check_first_request, interception_server, require_agent, run_agent
 from tests.e2e.test_agents_pi import assert_no_credentials_in

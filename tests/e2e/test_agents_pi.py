@@ -1,4 +1,4 @@
-"""The real Pi (pinned in agents.packages) against the interception server in front of a scripted policy.
+"""The real Pi (pinned in agents.specs.packages) against the interception server in front of a scripted policy.
 
 The "model" first calls Pi's `bash` tool, then answers in text. Pi must run the command in its workspace, send the
 result back as a `tool` message, and the rollout's record must hold both turns as one token-exact sample. The tool's
@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from agents import AgentRollout, Heartbeat, LocalSandbox, PiAgent, RunLimits
-from agents.packages import PI
+from agents.specs.packages import PI
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import bash_call, check_first_request, interception_server, require_agent, run_agent
 from tests.fakes import Slow

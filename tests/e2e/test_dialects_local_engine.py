@@ -15,10 +15,10 @@ import math
 
 import pytest
 
-from agents.claude import ClaudeAgent
-from agents.codex import CodexAgent
-from agents.packages import CLAUDE, CODEX
 from agents.runner import Runner, RunnerConfig
+from agents.specs.claude import ClaudeAgent
+from agents.specs.codex import CodexAgent
+from agents.specs.packages import CLAUDE, CODEX
 from agents.tasks import load_tasks
 from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import require_agent

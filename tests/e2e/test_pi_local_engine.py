@@ -9,8 +9,8 @@ import math
 import pytest
 
 from agents import PiAgent
-from agents.packages import PI
 from agents.runner import Runner, RunnerConfig
+from agents.specs.packages import PI
 from agents.tasks import load_tasks
 from interceptor import InterceptionServer, SamplingSettings, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import require_agent

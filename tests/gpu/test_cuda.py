@@ -14,9 +14,9 @@ import torch
 
 from tests.trainer.teacher_forcing import teacher_forced_logprobs
 from trainer.engine import EngineConfig, LocalEngine
-from trainer.precision import generator_dtype
+from trainer.rl.precision import generator_dtype
+from trainer.rl.trl_compat import varlen_attention
 from trainer.train_main import TrainConfig, train
-from trainer.trl_compat import varlen_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

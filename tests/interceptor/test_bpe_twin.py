@@ -23,7 +23,7 @@ SECRET = "sk-live-0123456789"
 @pytest.fixture(scope="module")
 def real_vocab_dir(tmp_path_factory):
     """Qwen's real vocabulary (150k BPE ranks and Qwen3's added tokens) with Qwen3's chat template."""
-    from trainer.tiny_model import TinyModelSpec, tiny_tokenizer
+    from trainer.models.tiny_model import TinyModelSpec, tiny_tokenizer
 
     out = tmp_path_factory.mktemp("real-vocab")
     tiny_tokenizer(TinyModelSpec(real_vocab=True)).save_pretrained(out)

@@ -19,14 +19,14 @@ import pytest
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.errors import ApiError
+from interceptor.wire.dialects.registry import DIALECTS
 from interceptor.wire.request_body import decoded
 
 MAX_BODY = 64 * 1024
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": "policy", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": "policy", "input": "hi"}
-DIALECTS = {"chat": ("chat/completions", CHAT), "messages": ("messages", MESSAGES),
-            "responses": ("responses", RESPONSES)}
+BODIES = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}  # one per registered dialect (a new one fails)
 
 # name -> (body from a valid JSON body, Content-Encoding, status)
 ENCODINGS = {
@@ -76,13 +76,13 @@ def _error_of(dialect: str, body: bytes) -> dict:
     return parsed["error"]
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", [d.name for d in DIALECTS])
 @pytest.mark.parametrize("case", ENCODINGS)
 async def test_a_bad_content_encoding_is_a_4xx_in_shape_and_the_connection_serves_the_next_request(
         server, scripted, case, dialect, caplog):
     caplog.set_level(logging.WARNING)
     make, encoding, expected = ENCODINGS[case]
-    route, body = DIALECTS[dialect]
+    route, body = next(d.path for d in DIALECTS if d.name == dialect), BODIES[dialect]
     handle = server.open_rollout()
     path = f"/rollout/{handle.id}/v1/{route}"
     good = orjson.dumps({**body, "stream": False, "temperature": 0.5})  # another turn: not a retry of the first

@@ -19,10 +19,10 @@ import pytest
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.cli import _build_parser
+from interceptor.serve_main import config_from_args
+from interceptor.store.records import RolloutRecord
 from interceptor.transport.lane import Lane, LaneReply
 from interceptor.transport.lane_routes import LaneRoutes
-from interceptor.store.records import RolloutRecord
-from interceptor.serve_main import config_from_args
 from tests.fakes import Fault, Slow
 
 ADMIN = "admin-token-for-lane-tests"

@@ -10,11 +10,12 @@ import copy
 import orjson
 import pytest
 
+from interceptor.errors import BadRequest
 from interceptor.wire.body_cache import BodyCache
 from interceptor.wire.dialects.chat import CHAT
 from interceptor.wire.dialects.messages import MESSAGES
+from interceptor.wire.dialects.registry import DIALECTS
 from interceptor.wire.dialects.responses import RESPONSES
-from interceptor.errors import BadRequest
 from interceptor.wire.incoming import read_request as _parse
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
@@ -73,8 +74,12 @@ def responses_bodies() -> list[dict]:
     return bodies
 
 
-@pytest.mark.parametrize("dialect, bodies", [(CHAT, chat_bodies()), (MESSAGES, messages_bodies()),
-                                             (RESPONSES, responses_bodies())], ids=["chat", "messages", "responses"])
+
+# A conversation grown the way agents grow it, per registered dialect (a dialect added to the registry fails here).
+CONVERSATIONS = {"chat": chat_bodies, "messages": messages_bodies, "responses": responses_bodies}
+
+@pytest.mark.parametrize("dialect, bodies", [(d, CONVERSATIONS[d.name]()) for d in DIALECTS],
+                         ids=[d.name for d in DIALECTS])
 @pytest.mark.parametrize("relayed", [False, True], ids=["gate", "black_box"])
 def test_an_incremental_read_is_the_request_a_whole_parse_gives(dialect, bodies, relayed):
     cache = BodyCache(dialect.history_key)
@@ -88,8 +93,8 @@ def test_an_incremental_read_is_the_request_a_whole_parse_gives(dialect, bodies,
     assert reused_some
 
 
-@pytest.mark.parametrize("dialect, bodies", [(CHAT, chat_bodies()), (MESSAGES, messages_bodies()),
-                                             (RESPONSES, responses_bodies())], ids=["chat", "messages", "responses"])
+@pytest.mark.parametrize("dialect, bodies", [(d, CONVERSATIONS[d.name]()) for d in DIALECTS],
+                         ids=[d.name for d in DIALECTS])
 def test_an_incremental_read_says_which_earlier_messages_it_carries_and_they_are_those_very_objects(dialect, bodies):
     """The trajectory trusts `carried` instead of comparing the history: it must name the earlier request's list,
     and that many of this request's messages must be its objects."""

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from interceptor.wire.parsing import parse_output
 from interceptor.tokens.rendering import Renderer, RendererConfig
 from interceptor.tokens.templates import trl_chat_template
+from interceptor.wire.parsing import parse_output
 
 TOOLS = [{"type": "function", "function": {"name": "edit", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}, "line": {"type": "integer"}, "force": {"type": "boolean"}}}}}]

@@ -15,7 +15,7 @@ import torch
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.errors import ConfigError
 from trainer.engine import EngineConfig, LocalEngine
-from trainer.weight_sync import FanOutTransfer, GatedTransfer, LocalEngineTransfer
+from trainer.rl.weight_sync import FanOutTransfer, GatedTransfer, LocalEngineTransfer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -19,7 +19,7 @@ from interceptor.cli import main
 from interceptor.store.records import RolloutRecord
 from interceptor.tools.rescore import RescoreConfig, RescoreError, rescore
 from trainer.engine import EngineConfig, LocalEngine
-from trainer.tiny_model import TinyModelSpec, make_tiny_model
+from trainer.models.tiny_model import TinyModelSpec, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS, TURNS = 3, 2

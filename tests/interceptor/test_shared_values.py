@@ -9,6 +9,7 @@ import pytest
 from interceptor.wire.body_cache import BodyCache
 from interceptor.wire.dialects.chat import CHAT
 from interceptor.wire.dialects.messages import MESSAGES
+from interceptor.wire.dialects.registry import DIALECTS
 from interceptor.wire.dialects.responses import RESPONSES
 from interceptor.wire.incoming import read_request
 from interceptor.wire.shared_values import share
@@ -50,7 +51,7 @@ BODIES = {
 }
 
 
-@pytest.mark.parametrize("dialect", [CHAT, MESSAGES, RESPONSES], ids=lambda d: d.name)
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)  # BODIES needs one per registered dialect
 def test_two_rollouts_sending_the_same_tools_and_system_prompt_hold_one_copy_of_them(dialect):
     raw = orjson.dumps(BODIES[dialect])
     (first, one), (second, two) = (read_request(dialect, BodyCache(dialect.history_key), raw, False)

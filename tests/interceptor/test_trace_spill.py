@@ -11,8 +11,8 @@ from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.store.journal import Journal, JournalError
-from tests.faults.upstream import FaultUpstream, Reply
 from tests.fakes import ScriptedUpstream
+from tests.faults.upstream import FaultUpstream, Reply
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo
 
 

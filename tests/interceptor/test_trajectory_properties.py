@@ -15,8 +15,8 @@ from openai import AsyncOpenAI
 
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.fakes import ScriptedUpstream
-from tests.invariants import assert_token_exact
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo
+from tests.invariants import assert_token_exact
 
 REPLIES = st.sampled_from(
     [

@@ -17,7 +17,7 @@ import orjson
 import pytest
 import requests
 
-from agents.packages import PI
+from agents.specs.packages import PI
 from tests.agents.agent_runs import require_agent
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The tool model's structured initialisation (`trainer.copy_circuit`), before any training: head 0 of layer 1 is an
+"""The tool model's structured initialisation (`trainer.models.copy_circuit`), before any training: head 0 of layer 1 is an
 induction head that, at the last token of the call's number, attends to the token that followed the same tokens in
 the task, and where several places match the last two tokens, to the one whose token before them matches too."""
 
@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from trainer.copy_circuit import ROPE_THETA, wire_copy_circuit  # noqa: E402
-from trainer.tiny_model import make_tiny_model  # noqa: E402
-from trainer.tool_model import tool_model_spec  # noqa: E402
+from trainer.models.copy_circuit import ROPE_THETA, wire_copy_circuit  # noqa: E402
+from trainer.models.tiny_model import make_tiny_model  # noqa: E402
+from trainer.models.tool_model import tool_model_spec  # noqa: E402
 
 
 @pytest.fixture(scope="module")

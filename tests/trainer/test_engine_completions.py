@@ -203,7 +203,7 @@ async def test_a_string_prompt_is_tokenized_with_the_models_tokenizer(http, engi
 
 
 def _params(body: dict):
-    from trainer.engine.completions import parse_completion_request
+    from trainer.engine.http.completions import parse_completion_request
 
     request = parse_completion_request({"prompt": PROMPT} | body, max_logprobs=20, vocab_size=640)
     return request.sampling_params({})
@@ -211,8 +211,8 @@ def _params(body: dict):
 
 @pytest.mark.parametrize("example", ["completion_cut_by_length", "completion_ended_by_eos"])
 def test_text_and_logprob_tokens_decode_as_in_a_recorded_vllm_response(engine_tokenizer, example):
-    from trainer.engine.completions import completion_response, parse_completion_request
     from trainer.engine.generation import GenerationResult
+    from trainer.engine.http.completions import completion_response, parse_completion_request
     from trainer.engine.logprobs import TokenLogprob
     from trainer.engine.textcodec import TokenTexts
 

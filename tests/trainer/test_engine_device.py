@@ -1,5 +1,5 @@
 """The local engine's device and dtype (`--device`, `--dtype`, as vLLM's): the weights are held in the dtype asked
-for, `/server_info` says which (as vLLM's dev-mode endpoint does, read by `trainer.precision`), the logprobs it
+for, `/server_info` says which (as vLLM's dev-mode endpoint does, read by `trainer.rl.precision`), the logprobs it
 reports are the ones its own weights give, and a device that is not there is refused with the reason."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from tests.trainer.teacher_forcing import teacher_forced_logprobs
 from trainer.engine import EngineConfig, LocalEngine
-from trainer.precision import dtype_mismatch, generator_dtype, trainer_dtype
+from trainer.rl.precision import dtype_mismatch, generator_dtype, trainer_dtype
 
 PROMPT = [10, 20, 30, 40, 50, 60, 70, 80]
 

@@ -1,4 +1,4 @@
-"""trainer.environment: the tools of a TRL environment run in a real sandbox, refuse malformed calls with a tool
+"""trainer.rl.environment: the tools of a TRL environment run in a real sandbox, refuse malformed calls with a tool
 error, bound their output, end the episode on an answer or a turn limit, and release every sandbox."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
-from agents.sandbox import LocalSandbox, LocalSandboxConfig
+from agents.sandbox.base import LocalSandbox, LocalSandboxConfig
+from agents.sandbox.namespace import NamespaceSandbox, namespaces_unavailable
 from agents.tasks import load_tasks
-from trainer.environment import EnvironmentConfig, TaskEnvironment, grader_reward, task_dataset
-from trainer.environment_host import SandboxHost
+from trainer.rl.environment import EnvironmentConfig, TaskEnvironment, grader_reward, task_dataset
+from trainer.rl.environment_host import SandboxHost
 
 TASKS = [
     {"id": "add", "instruction": "Submit the answer 5 by running: answer 5", "grader": {"kind": "answer", "expected": "5", "match": "numeric"}},

@@ -1,4 +1,4 @@
-"""Two real GRPOTrainer steps on CPU through trainer.environment: the embedded default calls `bash("answer N")`, the
+"""Two real GRPOTrainer steps on CPU through trainer.rl.environment: the embedded default calls `bash("answer N")`, the
 call runs in a sandbox, the host grader's reward trains the policy, and no sandbox is left behind."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 
-from agents.namespace_sandbox import NamespaceSandbox, namespaces_unavailable
-from agents.sandbox import LocalSandbox, LocalSandboxConfig
+from agents.sandbox.base import LocalSandbox, LocalSandboxConfig
+from agents.sandbox.namespace import NamespaceSandbox, namespaces_unavailable
 from agents.tasks import load_tasks
-from trainer.environment import environment_factory_for, grader_reward, task_dataset
-from trainer.environment_host import SandboxHost
 from tests.trainer.test_environment import _live_processes_mentioning
+from trainer.rl.environment import environment_factory_for, grader_reward, task_dataset
+from trainer.rl.environment_host import SandboxHost
 
 
 def test_two_grpo_steps_call_tools_in_sandboxes_and_train_on_grader_rewards(tool_model_dir, tmp_path):

@@ -14,8 +14,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from agents.command import CommandAgent  # noqa: E402
 from agents.runner import RunnerConfig  # noqa: E402
+from agents.specs.command import CommandAgent  # noqa: E402
 from agents.tasks import load_tasks  # noqa: E402
 from interceptor import SamplingSettings  # noqa: E402
 from interceptor import read_records  # noqa: E402

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
-from trainer.advantages import GroupFilter, build_group
+from trainer.rl.advantages import GroupFilter, build_group
 
 
 def turn(start: int, versions: int) -> TurnRecord:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="retai
 # Steps as a training loop has them: allocate a few tens of MB in blocks of 16 MB, touch every page, free it all.
 _STEPS = """
 import ctypes, json, os, resource, sys
-from trainer.heap import retained_heap
+from trainer.models.heap import retained_heap
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from interceptor.wire.parsing import parse_output
 from interceptor.tokens.rendering import Renderer, RendererConfig
-from trainer.packaged_model import PACKAGED_MODELS, packaged_file
-from trainer.tiny_model import read_built_model
+from interceptor.wire.parsing import parse_output
+from trainer.models.packaged_model import PACKAGED_MODELS, packaged_file
+from trainer.models.tiny_model import read_built_model
 
 SMOLLM2 = PACKAGED_MODELS["smollm2"]
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
@@ -85,8 +85,8 @@ def test_a_directory_it_did_not_write_is_refused(tmp_path):
 
 def test_local_serving_takes_the_imported_model_as_it_is(smollm2_dir):
     """`--upstream local --model DIR` on an imported model serves it: it is never rebuilt into the tiny default."""
-    from trainer.local_model import ensure_local_model
-    from trainer.tiny_model import MARKER
+    from trainer.models.local_model import ensure_local_model
+    from trainer.models.tiny_model import MARKER
 
     marker, weights = (smollm2_dir / MARKER).read_bytes(), (smollm2_dir / "model.safetensors").stat()
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from agents.claude import ClaudeAgent
-from agents.codex import CodexAgent
-from agents.opencode import OpenCodeAgent
-from agents.packages import PACKAGES
-from agents.pi import PiAgent
+from agents.specs.claude import ClaudeAgent
+from agents.specs.codex import CodexAgent
+from agents.specs.opencode import OpenCodeAgent
+from agents.specs.packages import PACKAGES
+from agents.specs.pi import PiAgent
 from agents.tasks import load_tasks
 from interceptor.store.recorder import read_records
 from interceptor.store.records import RolloutRecord

@@ -18,8 +18,8 @@ import pytest
 from safetensors.torch import load_file
 
 from interceptor.cli import main
-from trainer.local_model import LocalModelBuildFailed, ensure_local_model, make_local_model, prepare_local_model
-from trainer.tiny_model import (
+from trainer.models.local_model import LocalModelBuildFailed, ensure_local_model, make_local_model, prepare_local_model
+from trainer.models.tiny_model import (
     MARKER,
     ModelDirError,
     TinyModelSpec,
@@ -28,7 +28,7 @@ from trainer.tiny_model import (
     read_built_model,
     write_tiny_model,
 )
-from trainer.tool_model import ToolTrainingSpec, tool_model_spec
+from trainer.models.tool_model import ToolTrainingSpec, tool_model_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = tool_model_spec(real_vocab=False)  # the trained model's shape on the small test vocabulary
@@ -44,7 +44,7 @@ def _siblings(path: Path) -> list[str]:
 
 
 def _episode_workers(parent: int) -> list[int]:
-    """The live processes `parent` started as its build's episode worker (trainer.episode_process)."""
+    """The live processes `parent` started as its build's episode worker (trainer.models.episode_process)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -52,7 +52,7 @@ def _episode_workers(parent: int) -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(ppid) == parent and state != "Z" and b"trainer.episode_process" in cmdline:
+        if int(ppid) == parent and state != "Z" and b"trainer.models.episode_process" in cmdline:
             found.append(int(stat.parent.name))
     return found
 
@@ -121,8 +121,8 @@ def test_a_build_killed_during_training_is_never_served_and_is_cleaned_up(tmp_pa
     out = tmp_path / "model"
     script = (
         "import sys\n"
-        "from trainer.local_model import make_local_model\n"
-        "from trainer.tool_model import ToolTrainingSpec, tool_model_spec\n"
+        "from trainer.models.local_model import make_local_model\n"
+        "from trainer.models.tool_model import ToolTrainingSpec, tool_model_spec\n"
         "make_local_model(sys.argv[1], spec=tool_model_spec(real_vocab=False),\n"
         "                 training=ToolTrainingSpec(steps=100_000, tokens_per_step=256, row_tokens=128))\n"
     )

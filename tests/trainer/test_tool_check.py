@@ -1,14 +1,14 @@
-"""The tool model build's check (`trainer.tool_check`). `corrected`, its loop: after a round only what fell short is
+"""The tool model build's check (`trainer.models.tool_check`). `corrected`, its loop: after a round only what fell short is
 measured again, every other check once that passes, no check twice at the same weights, and the margins it returns
 are all the final weights'. The "model" here is a version number that each corrective round advances, and each
 check's margin a table of it. `BuildChecks`: what is checked, and which step corrects each check that falls short."""
 
 from __future__ import annotations
 
-from trainer.tool_check import BuildChecks, corrected
-from trainer.tool_model import ToolTrainingSpec
-from trainer.tool_steps import Episode
-from trainer.tool_texts import TOOL_OUTPUTS
+from trainer.models.tool_check import BuildChecks, corrected
+from trainer.models.tool_model import ToolTrainingSpec
+from trainer.models.tool_steps import Episode
+from trainer.models.tool_texts import TOOL_OUTPUTS
 
 
 class Model:

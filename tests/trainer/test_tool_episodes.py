@@ -1,4 +1,4 @@
-"""The training episodes of the embedded default (`trainer.tool_episodes`): each agent's captured request is read
+"""The training episodes of the embedded default (`trainer.models.tool_episodes`): each agent's captured request is read
 through the server's own dialect parser into the messages around its task, its tools and its shell tool's shape;
 episodes behind one agent share the ids before their tasks (run once, without gradient), and Claude Code's
 environment after them; the digits in an agent's prompt are drawn afresh each step, so no date or version is learned
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
-from trainer.tool_episodes import _OWN_AFTER_TASK, EpisodeMaker, shell_tool
-from trainer.tool_texts import TOOL_OUTPUTS
-from trainer.tool_model import ToolTrainingSpec
+from trainer.models.agent_contexts import SHELL_TOOLS, load_agent_request
+from trainer.models.tool_episodes import _OWN_AFTER_TASK, EpisodeMaker, shell_tool
+from trainer.models.tool_model import ToolTrainingSpec
+from trainer.models.tool_texts import TOOL_OUTPUTS
 
-REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "agent_requests"
+REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "models" / "agent_requests"
 SHAPES = {"pi": ("bash", "command"), "opencode": ("bash", "command"), "claude": ("Bash", "command"),
           "codex": ("exec_command", "cmd")}
 

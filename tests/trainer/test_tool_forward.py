@@ -1,4 +1,4 @@
-"""`trainer.tool_forward` computes what transformers' Qwen3 computes: the training's own decoder (a shared prefix
+"""`trainer.models.tool_forward` computes what transformers' Qwen3 computes: the training's own decoder (a shared prefix
 run once, rows attending to it without copies, an interlude each row sees at its own positions) gives the hidden
 states of the full sequences, so the tool model learns what the engine will run."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.tiny_model import make_tiny_model
-from trainer.tool_forward import hidden_states, prefix_and_interlude, prefix_states
-from trainer.tool_model import tool_model_spec
+from trainer.models.tiny_model import make_tiny_model
+from trainer.models.tool_forward import hidden_states, prefix_and_interlude, prefix_states
+from trainer.models.tool_model import tool_model_spec
 
 
 @pytest.fixture(scope="module")

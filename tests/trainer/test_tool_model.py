@@ -18,20 +18,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from interceptor.wire.parsing import parse_output
-from trainer.local_model import LOCAL_TRAINING
-from trainer.precision import cpu_multiplies_bf16
-from trainer.tiny_model import TinyModelSpec, make_tiny_model
-from trainer.agent_contexts import SHELL_TOOLS, load_agent_request
-from trainer.tool_episodes import EpisodeMaker, shell_tool
-from trainer.tool_check import BuildChecks
-from trainer.tool_steps import Step
-from trainer.tool_model import (
+from trainer.models.agent_contexts import SHELL_TOOLS, load_agent_request
+from trainer.models.local_model import LOCAL_TRAINING
+from trainer.models.tiny_model import TinyModelSpec, make_tiny_model
+from trainer.models.tool_check import BuildChecks
+from trainer.models.tool_episodes import EpisodeMaker, shell_tool
+from trainer.models.tool_steps import Step
+from trainer.rl.precision import cpu_multiplies_bf16
+from trainer.models.tool_model import (
     BASH_TOOL, DONE_TEXT, ToolTrainingReport, ToolTrainingSpec, _target_logits, tool_model_spec, train_tool_calling,
 )
-from trainer.trainable_rows import TrainableRows
+from trainer.models.trainable_rows import TrainableRows
 
 # The agents' captured first requests, shipped with the trainer (the same captures as in tests/data).
-REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "agent_requests"
+REQUESTS = Path(__file__).resolve().parents[2] / "trainer" / "models" / "agent_requests"
 AGENT_REQUESTS = {name: REQUESTS / f"{name}_first_request.json" for name in ("pi", "opencode", "claude", "codex")}
 # Phrasings and numbers the training episodes never use (training draws from a fixed list of phrasings).
 HELD_OUT_TASKS = (
@@ -106,7 +106,7 @@ def test_training_fits_the_episodes(trained):
 def test_the_build_checked_every_agents_prompt_and_left_each_call_a_margin_ahead(trained):
     # After its steps the build checks, in float32 as served, that every target token of the call and of "Done."
     # (the digits aside) leads the next best by `check_margin` behind each agent's prompt, and trains on the prompts
-    # that fall short (trainer.tool_model): which agent fell short varied with the machine's bfloat16 numerics.
+    # that fall short (trainer.models.tool_model): which agent fell short varied with the machine's bfloat16 numerics.
     report, _, _ = trained
     assert set(report.agent_margins) == {path.stem for path in AGENT_REQUESTS.values()}
     assert min(report.agent_margins.values()) >= LOCAL_TRAINING.check_margin, report
@@ -119,7 +119,7 @@ def test_the_build_checked_every_agents_prompt_and_left_each_call_a_margin_ahead
 
 
 def test_the_build_multiplies_in_bf16_only_where_the_cpu_has_bf16_units(trained):
-    # Emulated, bf16 products made a build 8.5x slower than fp32 on a CPU without them (trainer.precision).
+    # Emulated, bf16 products made a build 8.5x slower than fp32 on a CPU without them (trainer.rl.precision).
     report, _, _ = trained
     assert LOCAL_TRAINING.bfloat16 is None  # the default: chosen by the CPU
     assert report.bfloat16 == cpu_multiplies_bf16()
@@ -184,7 +184,7 @@ def _calls_the_shell(text: str, shell: tuple[str, str]) -> bool:
 # Claude Code puts ~2k tokens with numbers (its environment, the date) between the task and the answer: there the
 # two-token copy circuit took a wrong continuation of a one-digit number now and then (`answer 2026` for 2: 15 of 16
 # right on the default build, 7 to 12 of 16 on others), so only its call was asserted; with the third token back in
-# the match (trainer.copy_circuit), seeds 0-3 wrote 16, 15, 16 and 15 of 16 exactly, like the other agents.
+# the match (trainer.models.copy_circuit), seeds 0-3 wrote 16, 15, 16 and 15 of 16 exactly, like the other agents.
 
 
 @pytest.mark.parametrize("agent", sorted(AGENT_REQUESTS))
@@ -246,7 +246,7 @@ def test_the_builds_check_measures_behind_claude_codes_prompt_what_the_model_com
 
 def test_a_step_behind_claude_codes_prompt_runs_the_environment_once_and_learns_what_the_model_computes(trained):
     """A training step runs Claude Code's prompt and the ~2k-token environment after the tasks once for all its
-    episodes (trainer.tool_episodes, trainer.tool_forward): the environment's states are the first episode's, and
+    episodes (trainer.models.tool_episodes, trainer.models.tool_forward): the environment's states are the first episode's, and
     each other episode's targets read them as its own. What the step learns from, its targets' log-probabilities,
     must stay what the served model computes from each episode alone. (When the environment's first tokens were
     shared too, an episode other than the first read the first one's task there: its log-probabilities were up to

@@ -109,7 +109,7 @@ max_tokens = 4\nnum_generations = 2\nsamples_per_step = 2\nmax_steps = 3\nmax_fa
 
 async def test_a_generator_serving_another_dtype_is_refused_before_training(tiny_model_dir, tmp_path):
     from trainer.engine import EngineConfig, LocalEngine
-    from trainer.precision import DtypeMismatch
+    from trainer.rl.precision import DtypeMismatch
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "t", "instruction": "Say anything.", "grader": {"kind": "command",

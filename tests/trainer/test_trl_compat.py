@@ -1,4 +1,4 @@
-"""TRL's AsyncGRPOTrainer trains on CPU-only torch with `trainer.trl_compat`, with the attention it resolves.
+"""TRL's AsyncGRPOTrainer trains on CPU-only torch with `trainer.rl.trl_compat`, with the attention it resolves.
 
 The trainer gets the tiny model, a rollout worker whose queue is pre-filled with hand-made `RolloutSample`s (TRL's
 own class), and a transfer that records what it is asked. The samples' old logprobs come from a teacher-forced pass
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from tests.trainer.teacher_forcing import teacher_forced_logprobs
-from trainer.logprob_gap import with_logprob_gap
-from trainer.trl_compat import (
+from trainer.rl.logprob_gap import with_logprob_gap
+from trainer.rl.trl_compat import (
     CPU_CONFIG, AttentionUnavailable, apply_trl_compat, resolve_attention, varlen_attention,
 )
-from trainer.weight_sync import LocalEngineTransfer
+from trainer.rl.weight_sync import LocalEngineTransfer
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 

@@ -14,7 +14,7 @@ import torch
 
 from tests.trainer.teacher_forcing import teacher_forced_logprobs
 from trainer.engine import LocalEngine, SamplingParams
-from trainer.weight_sync import (
+from trainer.rl.weight_sync import (
     GatedTransfer,
     LocalEngineTransfer,
     ReloadFromDiskTransfer,

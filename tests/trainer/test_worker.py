@@ -15,7 +15,7 @@ import pytest
 
 from agents.tasks import Task
 from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
-from trainer.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
+from trainer.rl.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
 
 TASKS = [Task.from_dict({"id": f"t{i}", "instruction": "say 5", "grader": {"kind": "answer", "expected": "5"}},
                         base_dir=Path.cwd()) for i in range(3)]

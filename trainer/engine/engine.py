@@ -23,8 +23,8 @@ import torch
 from trainer.engine.config import EngineConfig
 from trainer.engine.core import EngineCore
 from trainer.engine.generation import GenerationResult
+from trainer.engine.http.server import EngineServer
 from trainer.engine.sampling import SamplingParams
-from trainer.engine.server import EngineServer
 from trainer.engine.worker import PauseMode
 
 __all__ = ["LocalEngine"]

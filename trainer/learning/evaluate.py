@@ -153,7 +153,7 @@ def plot(entries: list[dict], path: Path) -> None:
 
 
 def run_evaluate_from_args(args: argparse.Namespace) -> int:
-    from trainer.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
+    from trainer.models.local_model import LOCAL_MODEL_ERRORS, local_model_error_exit
     from trainer.train_main import TrainConfig
 
     try:

@@ -8,6 +8,9 @@ A dialect turns its request into the one `ChatRequest` the gate plans, generates
 messages and function tools, which the chat template renders), and turns the `TurnResult` back into its own reply,
 streamed or not, with its own error shape and credential header. The trajectory, forks, retry detection, journal,
 recorder and fault handling are one code path for every dialect.
+
+`registry.py` lists them: a new dialect is its module here, one entry there, its relay shape
+(`interceptor/relay/shapes.py`) and its tests.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from interceptor.wire.protocol import ChatRequest
 if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
     from interceptor.rollouts import TurnResult
 
-__all__ = ["Dialect", "StreamShape", "dialect_for_path", "error_for"]
+__all__ = ["Dialect", "StreamShape"]
 
 
 class StreamShape(Protocol):
@@ -61,20 +64,3 @@ class Dialect(Protocol):
     def error(self, error: ApiError) -> tuple[int, dict]:
         """Status and body of an error in this dialect's shape."""
         ...
-
-
-def dialect_for_path(path: str) -> Dialect:
-    """The dialect of a request path (its errors are answered in that dialect's shape); chat by default."""
-    from interceptor.wire.dialects.chat import CHAT  # noqa: PLC0415  (the registry imports the dialects, which import this module)
-    from interceptor.wire.dialects.messages import MESSAGES  # noqa: PLC0415
-    from interceptor.wire.dialects.responses import RESPONSES  # noqa: PLC0415
-
-    if "/v1/messages" in path:
-        return MESSAGES
-    if "/v1/responses" in path:
-        return RESPONSES
-    return CHAT
-
-
-def error_for(request: web.Request, error: ApiError) -> tuple[int, dict]:
-    return dialect_for_path(request.path).error(error)

@@ -4,7 +4,7 @@ A request without tools whose system prompt opens like Pi's (0.73) or OpenCode's
 `request_kind` "compaction": noted as a side request, and the sample it starts says so. A context overflow is
 answered in OpenAI's words (`errors.ContextLengthExceeded`): "This model's maximum context length is N tokens", which
 both agents' overflow patterns match (`maximum context length is \\d+ tokens`): they compact and go on (what follows
-differs: agents/pi.py, agents/opencode.py).
+differs: agents/specs/pi.py, agents/specs/opencode.py).
 """
 
 from __future__ import annotations

@@ -42,10 +42,10 @@ import orjson
 from aiohttp import web
 
 from interceptor.errors import ApiError, BadRequest, ContextLengthExceeded, UpstreamUnavailable
-from interceptor.wire.protocol import ChatRequest, ensure_serialisable, number_field, positive_int, tools_key
-from interceptor.wire.shared_values import share
 from interceptor.wire.dialects.messages_input import convert_messages, system_messages, tool_choice
 from interceptor.wire.dialects.messages_input import tools as tools_of
+from interceptor.wire.protocol import ChatRequest, ensure_serialisable, number_field, positive_int, tools_key
+from interceptor.wire.shared_values import share
 
 if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
     from interceptor.rollouts import TurnResult

@@ -45,9 +45,9 @@ from interceptor.errors import ApiError, BadRequest, error_body
 from interceptor.wire.protocol import (
     ChatRequest, ensure_serialisable, number_field, positive_int, tools_key, typed_field,
 )
-from interceptor.wire.shared_values import share
 from interceptor.wire.dialects.responses_input import convert_items, input_messages, tool_choice
 from interceptor.wire.dialects.responses_input import tools as tools_of
+from interceptor.wire.shared_values import share
 
 if TYPE_CHECKING:  # annotations only: importing rollouts brings the renderer (transformers, torch)
     from interceptor.rollouts import TurnResult
