@@ -240,9 +240,7 @@ class Runner:
         """The kind of sandbox a task runs in (the pool's key) and how to make one (None: the default kind)."""
         if self._boxes is None:
             return ("custom",), self.config.sandbox
-        if task is None:
-            return self._boxes()
-        return self._boxes(task.image, task.network)
+        return self._boxes(task.image, task.network) if task is not None else self._boxes()
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         try:

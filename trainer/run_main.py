@@ -48,17 +48,19 @@ def _resources(args: argparse.Namespace) -> ResourceLimits | None:
         limits = ResourceLimits(cpus=args.cpus, memory_bytes=memory, pids=args.pids)
     except AgentConfigError as exc:
         raise SystemExit(f"--cpus/--memory-mib/--pids: {exc}") from None
-    if limits.any and args.sandbox == "local":
-        raise SystemExit("--cpus/--memory-mib/--pids need an isolating sandbox: not --sandbox local")
     return limits if limits.any else None
 
 
-def _check_sandbox(choice: str) -> None:
-    """`--sandbox namespace` where this machine has no namespaces is refused before anything starts."""
-    from agents.sandbox.backends import BACKENDS
+def _check_sandbox(choice: str, resources: ResourceLimits | None = None) -> None:
+    """A backend this machine lacks, or limits on one that cannot hold them, refused before anything starts (by the
+    runner's own rules: `agents.sandbox.backends.BoxChooser`; under `auto` the runner chooses when it starts)."""
+    from agents.sandbox.backends import BoxChooser, Placement
 
-    if choice != "auto" and (reason := BACKENDS[choice].unavailable()):
-        raise SystemExit(f"--sandbox {choice}: {reason}")
+    if choice != "auto":
+        try:
+            BoxChooser(choice, Placement(resources=resources))
+        except AgentConfigError as exc:
+            raise SystemExit(f"--sandbox: {exc}") from None
 
 
 def progress_printer(total: int):
@@ -107,7 +109,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.warm_pool < 0:
         raise SystemExit("--warm-pool must be 0 or more")
     resources = _resources(args)  # refused before anything starts, as a backend this machine lacks is
-    _check_sandbox(args.sandbox)
+    _check_sandbox(args.sandbox, resources)
     if args.swe_repos:
         from agents.swe import load_swe_tasks
 
