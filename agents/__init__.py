@@ -1,5 +1,5 @@
-"""Agents: specs that configure unmodified CLI agents (Pi, OpenCode, any OpenAI-API program) for one rollout, and
-sandboxes that run them with limits.
+"""Agents: specs that configure unmodified CLI agents (Pi, OpenCode, Claude Code, Codex, mini-swe-agent, any OpenAI-API
+program) for one rollout, and sandboxes that run them with limits.
 
     spec = PiAgent(context_window=32768)
     async with LocalSandbox() as box:
@@ -7,7 +7,7 @@ sandboxes that run them with limits.
                                            workspace=box.workspace, home=box.home, instruction=task))
         result = await box.run(launch, limits=RunLimits(wall_s=900, idle_s=120), activity=heartbeat)
 
-`agents.specs.install.install_agent("pi" | "opencode")` installs the pinned versions from npm into the user's cache
+`agents.specs.install.install_agent("pi")` (any name in `PACKAGES`) installs a pinned version into the user's cache
 (not imported here, so that `python -m agents.specs.install` runs cleanly).
 """
 
@@ -18,6 +18,7 @@ from agents.sandbox.base import Heartbeat, LocalSandbox, LocalSandboxConfig, Out
 from agents.specs.claude import ClaudeAgent
 from agents.specs.codex import CodexAgent
 from agents.specs.command import CommandAgent
+from agents.specs.mini_swe import MiniSweAgent
 from agents.specs.opencode import OpenCodeAgent
 from agents.specs.packages import OPENCODE, PACKAGES, PI, AgentPackage, find_binary
 from agents.specs.pi import PiAgent
@@ -45,6 +46,7 @@ __all__ = [
     "InstallError",
     "LocalSandbox",
     "LocalSandboxConfig",
+    "MiniSweAgent",
     "OpenCodeAgent",
     "Outcome",
     "PiAgent",

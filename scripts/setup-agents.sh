@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install the pinned agents the e2e tests and `interceptor run` use (Pi, OpenCode, Claude Code and Codex CLI) from npm into
-# ${INTERCEPTOR_AGENTS_DIR:-$HOME/.cache/interceptor/agents}. Idempotent: pinned versions already installed are kept.
+# Install the pinned agents the e2e tests and `interceptor run` use (Pi, OpenCode, Claude Code and Codex CLI from npm;
+# mini-swe-agent from PyPI into a venv of its own, ~725 MB) into ${INTERCEPTOR_AGENTS_DIR:-$HOME/.cache/interceptor/agents}.
+# Idempotent: pinned versions already installed are kept.
 #
-#   scripts/setup-agents.sh              # every packaged agent: pi, opencode, claude and codex
+#   scripts/setup-agents.sh              # every packaged agent: pi, opencode, claude, codex and mini-swe-agent
 #   scripts/setup-agents.sh pi           # just one
 #   scripts/setup-agents.sh --force pi   # reinstall
 #
@@ -31,7 +32,7 @@ for arg in "$@"; do
     *) names+=("$arg") ;;
   esac
 done
-# every agent with an npm package (agents/specs/packages.py: the one list)
+# every agent with a package (agents/specs/packages.py: the one list)
 (( ${#names[@]} )) || read -r -a names <<<"$(.venv/bin/python -c 'from agents.specs.packages import PACKAGES; print(*PACKAGES)')"
 
 step "node $(node --version), npm $(npm --version); installing ${names[*]}"

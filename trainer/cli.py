@@ -157,8 +157,7 @@ def register(commands: CommandRegistry) -> None:
     engine.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="the weights' dtype (vLLM's --dtype)")
 
-    run = commands.add("run", _run, "run an agent (pi, opencode, claude, codex or a command) on a task file, "
-                                    "graded on the host")
+    run = commands.add("run", _run, f"run an agent ({', '.join(AGENTS)}) on a task file, graded on the host")
     add_run_arguments(run)
 
     train = commands.add("train", _train, "GRPO on a real agent: TRL AsyncGRPOTrainer fed by intercepted rollouts")

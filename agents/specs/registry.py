@@ -17,8 +17,9 @@ from agents.errors import AgentConfigError
 from agents.specs.claude import ClaudeAgent
 from agents.specs.codex import CodexAgent
 from agents.specs.command import CommandAgent
+from agents.specs.mini_swe import MiniSweAgent
 from agents.specs.opencode import OpenCodeAgent
-from agents.specs.packages import CLAUDE, CODEX, OPENCODE, PI, AgentPackage
+from agents.specs.packages import CLAUDE, CODEX, MINI_SWE, OPENCODE, PI, AgentPackage
 from agents.specs.pi import PiAgent
 from agents.specs.spec import AgentSpec
 
@@ -60,6 +61,8 @@ AGENTS: dict[str, AgentKind] = {kind.name: kind for kind in (
               build=lambda s: ClaudeAgent(max_output_tokens=s.max_tokens)),
     AgentKind(name="codex", spec=CodexAgent, package=CODEX, trainable=False,
               build=lambda s: CodexAgent(context_window=s.context_window)),
+    AgentKind(name="mini-swe-agent", spec=MiniSweAgent, package=MINI_SWE, trainable=False,
+              build=lambda s: MiniSweAgent(max_tokens=s.max_tokens)),
     AgentKind(name="command", spec=CommandAgent, package=None, trainable=True, build=_command),
 )}
 

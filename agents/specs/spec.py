@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,8 +98,8 @@ class AgentSpec(Protocol):
 
 def program_paths(*programs: str | Path) -> tuple[Path, ...]:
     """What running these programs takes from the host: each one's resolved file (for an npm install, the whole
-    install: the directory holding its `node_modules`), the Node interpreter a JavaScript entry point needs, and
-    this Python's installation for the running interpreter."""
+    install: the directory holding its `node_modules`), the Node interpreter a JavaScript entry point needs, and for
+    a Python interpreter (the program, or the one its shebang names) its installation and the venv it is in."""
     paths: list[Path] = []
     for program in programs:
         found = shutil.which(str(program))
@@ -115,9 +114,40 @@ def program_paths(*programs: str | Path) -> tuple[Path, ...]:
             node = shutil.which("node")
             if node is not None:
                 paths.append(Path(node).resolve())
-        if resolved == Path(sys.executable).resolve() or _shebang_names(resolved, "python"):
-            paths += [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+        script = _shebang_names(resolved, "")
+        python = Path(found).absolute() if resolved.name.startswith("python") and not script else (
+            _shebang_python(resolved) if script else None)
+        if python is not None:
+            paths += _python_paths(python)
     return tuple(dict.fromkeys(paths))
+
+
+def _python_paths(python: Path) -> list[Path]:
+    """A Python interpreter's venv (where `python` is one's `bin/python`) and its installation (`<prefix>/bin/
+    pythonX.Y` -> `<prefix>`); not the system's `/usr`, which is the box's own."""
+    paths = []
+    if (python.parent.parent / "pyvenv.cfg").is_file():
+        paths.append(python.parent.parent.resolve())
+    prefix = python.resolve().parent.parent
+    if prefix not in (Path("/usr"), Path("/")):
+        paths.append(prefix)
+    return paths
+
+
+def _shebang_python(path: Path) -> Path | None:
+    """The Python interpreter a script's shebang names (`#!/path/python` or `#!/usr/bin/env python3`), if any."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200).decode(errors="replace")
+    except OSError:
+        return None
+    words = first.removeprefix("#!").split() if first.startswith("#!") else []
+    if words and Path(words[0]).name == "env":
+        words = words[1:]
+    if not words or not Path(words[0]).name.startswith("python"):
+        return None
+    found = shutil.which(words[0])
+    return Path(found).absolute() if found else None
 
 
 def _shebang_names(path: Path, interpreter: str) -> bool:

@@ -140,8 +140,8 @@ def check_first_request(agent: str, package: AgentPackage, run: AgentRun, reques
             "package": package.spec,
             "note": (
                 f"The first chat request {agent} sent to the interception server, captured by "
-                f"tests/e2e/test_agents_{agent}.py; the rollout secret is removed, the rollout's temporary directory "
-                "is written /tmp/interceptor-rollout and the home directory ~."
+                f"tests/e2e/test_agents_{agent.replace('-', '_')}.py; the rollout secret is removed, the rollout's "
+                "temporary directory is written /tmp/interceptor-rollout and the home directory ~."
             ),
             "request": body,
         }

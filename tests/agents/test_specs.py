@@ -24,7 +24,8 @@ from agents import (
     OpenCodeAgent,
     PiAgent,
 )
-from agents.specs.packages import OPENCODE, PI, STAMP, find_binary
+from agents.specs.mini_swe import MiniSweAgent
+from agents.specs.packages import MINI_SWE, OPENCODE, PI, STAMP, AgentPackage, find_binary
 
 SECRET = "s3cr3t-Token_abc.DEF~42"
 # An instruction that argv parsing would mangle: a leading dash, an @file, quotes, newlines, a placeholder.
@@ -38,6 +39,21 @@ def fake_program(tmp_path) -> Path:
     program.write_text("#!/bin/sh\nexit 0\n")
     program.chmod(0o755)
     return program
+
+
+def fake_install(package: AgentPackage, fake_program: Path) -> Path:
+    """The program of a fake install of `package`, laid out as its registry's installs are: the fake program itself
+    for npm; for PyPI a venv's `bin/python` beside the package's files the spec reads (mini's own config)."""
+    if package.registry == "npm":
+        return fake_program
+    venv = fake_program.parent.parent / "venv"
+    config = venv / "lib" / "python3.11" / "site-packages" / "minisweagent" / "config" / "mini.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("agent: {}\n")
+    python = venv / "bin" / "python"
+    python.parent.mkdir()
+    python.symlink_to(fake_program)
+    return python
 
 
 @pytest.fixture
@@ -244,15 +260,54 @@ def test_every_registered_agent_launches_its_binary_with_the_endpoint_and_no_sec
     """Each agent `interceptor run --agent NAME` can build: a spec of the protocol, named as registered, whose launch
     runs the binary it was given in the rollout's workspace, reaches the rollout's endpoint (in its environment or a
     file it wrote), keeps the secret out of argv and declares it for scrubbing."""
-    spec = AGENTS[name].spec(binary=fake_program)
+    binary = fake_install(AGENTS[name].package, fake_program)
+    spec = AGENTS[name].spec(binary=binary)
     assert isinstance(spec, AgentSpec) and spec.name == name
     launch = spec.prepare(rollout)
-    assert launch.argv[0] == str(fake_program) and launch.cwd == rollout.workspace
+    assert launch.argv[0] == str(binary) and launch.cwd == rollout.workspace
     assert not any(SECRET in arg for arg in launch.argv) and SECRET in launch.secrets
     told = "\n".join(launch.env.values()) + "".join(p.read_text(errors="replace") for p in launch.files_written
                                                      if p.is_file())
     assert rollout.base_url.removesuffix("/v1") in told
     assert fake_program.resolve() in launch.host_paths
+
+
+def test_mini_swe_agent_gets_the_task_and_the_secret_in_its_0600_config_not_in_argv_or_env(rollout, fake_program):
+    python = fake_install(MINI_SWE, fake_program)
+    launch = MiniSweAgent(binary=python, max_tokens=64, step_limit=9, config={"agent": {"mode": "confirm"}}).prepare(
+        rollout)
+    config_file = rollout.home / ".config" / "mini-swe-agent" / "interceptor.yaml"
+    assert_secret_only_in_private_files(launch, rollout, {config_file})
+    config = json.loads(config_file.read_text())  # JSON, which mini's YAML loader reads
+    assert config["run"]["task"] == TRICKY and not any(TRICKY.strip() in arg for arg in launch.argv)
+    assert config["model"]["model_kwargs"] == {"api_base": rollout.base_url, "api_key": SECRET,
+                                               "custom_llm_provider": "openai", "drop_params": True, "max_tokens": 64}
+    assert config["model"]["model_name"] == "policy" and config["model"]["cost_tracking"] == "ignore_errors"
+    assert config["agent"] == {"mode": "confirm", "confirm_exit": False, "cost_limit": 0, "step_limit": 9}
+    # The interpreter runs the module isolated, over mini's own config named by its absolute path (a mini.yaml in
+    # the workspace would be read first otherwise), and writes no trajectory (it would repeat the secret).
+    mini_yaml = python.parent.parent / "lib" / "python3.11" / "site-packages" / "minisweagent" / "config" / "mini.yaml"
+    assert launch.argv == (str(python), "-I", "-m", "minisweagent", "--config", str(mini_yaml), "--config",
+                           str(config_file), "--output", "/dev/null")
+    assert launch.env["MSWEA_CONFIGURED"] == "true" and launch.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert launch.env["HOME"] == str(rollout.home)
+
+
+def test_mini_swe_agent_from_a_program_that_is_no_install_of_it_is_refused(rollout, fake_program):
+    with pytest.raises(AgentConfigError, match="not a mini-swe-agent install"):
+        MiniSweAgent(binary=fake_program).prepare(rollout)
+    with pytest.raises(AgentConfigError):
+        MiniSweAgent(command_timeout_s=0)
+
+
+def test_a_pypi_package_runs_its_module_from_the_venv_and_an_npm_one_its_program():
+    assert MINI_SWE.spec == "mini-swe-agent==2.4.6" and PI.spec == "@mariozechner/pi-coding-agent@0.73.1"
+    assert MINI_SWE.program(Path("/p")) == Path("/p/venv/bin/python")
+    assert MINI_SWE.command(Path("/p/venv/bin/python")) == ("/p/venv/bin/python", "-I", "-m", "minisweagent")
+    assert MINI_SWE.command(Path("/home/u/.local/bin/mini")) == ("/home/u/.local/bin/mini",)
+    assert PI.command(Path("/x/pi")) == ("/x/pi",)
+    with pytest.raises(AgentConfigError, match="names the module"):
+        AgentPackage(name="x", package="x", version="1", bin="x", registry="pypi")
 
 
 def test_the_command_agent_satisfies_the_protocol():
