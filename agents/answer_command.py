@@ -3,7 +3,8 @@
 
 The script is written per rollout into a directory put first on the agent's `PATH`, with the rollout's tools URL
 and its *tools* secret baked in (mode 0700). The tools secret opens only `/tools/*`: programs the agent runs hold
-no credential to the model. It uses only the Python standard library, run by the host's interpreter.
+no credential to the model. It uses only the Python standard library, run by the box's Python
+(`Sandbox.script_python`: this host's interpreter where the box shares it, the image's in a container).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["write_answer_command"]
+from agents.specs.spec import BoxFile, write_box_files
+
+__all__ = ["answer_command", "write_answer_command"]
 
 _SCRIPT = '''#!{python}
 """Submit an answer for this task: answer <value>. (Written by interceptor for one rollout.)"""
@@ -35,10 +38,15 @@ except OSError as error:
 '''
 
 
+def answer_command(bin_dir: Path, *, base_url: str, tools_secret: str, python: str = sys.executable) -> BoxFile:
+    """`bin_dir/answer` for the rollout whose OpenAI base URL is `base_url` (ending in `/v1`), run by `python` (a
+    shebang's program), for the sandbox to write (`Sandbox.put_files`)."""
+    script = _SCRIPT.format(python=python, url=f"{base_url}/tools/answer", secret=tools_secret)
+    return BoxFile(bin_dir / "answer", script.encode(), 0o700)
+
+
 def write_answer_command(bin_dir: Path, *, base_url: str, tools_secret: str) -> Path:
-    """Write `bin_dir/answer` for the rollout whose OpenAI base URL is `base_url` (ending in `/v1`)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    path = bin_dir / "answer"
-    path.write_text(_SCRIPT.format(python=sys.executable, url=f"{base_url}/tools/answer", secret=tools_secret))
-    path.chmod(0o700)
-    return path
+    """Write `bin_dir/answer` through this host's file system (a box that shares it; tests)."""
+    command = answer_command(bin_dir, base_url=base_url, tools_secret=tools_secret)
+    write_box_files((command,), bin_dir)
+    return command.path

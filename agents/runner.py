@@ -39,7 +39,7 @@ from interceptor.config import SamplingSettings
 from interceptor.server import InterceptionServer
 from interceptor.store.records import Failure, RolloutRecord
 
-from agents.answer_command import write_answer_command
+from agents.answer_command import answer_command
 from agents.errors import AgentConfigError, AgentError
 from agents.graders import GraderFailed, grade
 from agents.sandbox.backends import CHOICES, BoxChooser, Placement
@@ -200,7 +200,9 @@ class Runner:
                 raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
             breaker.succeeded()
             await self._prepare_workspace(task, box)
-            write_answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret)
+            answer = answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret,
+                                    python=box.script_python)
+            await box.put_files((answer,))
             try:
                 launch = self.config.agent.prepare(
                     AgentRollout(

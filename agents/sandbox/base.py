@@ -43,7 +43,7 @@ from agents.errors import AgentConfigError
 from agents.sandbox import proctree
 from agents.sandbox.spare import Started, hand_launch, put_away, until_ready
 from agents.sandbox.supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised, tree_bytes
-from agents.specs.spec import AgentLaunch
+from agents.specs.spec import AgentLaunch, BoxFile, write_box_files
 
 __all__ = [
     "ExecResult",
@@ -72,6 +72,9 @@ class Sandbox(Protocol):
     @property
     def bin_dir(self) -> Path: ...  # first on the agent's PATH
 
+    @property
+    def script_python(self) -> str: ...  # what runs the Python scripts written into the box (a shebang's program)
+
     async def __aenter__(self) -> Self: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
@@ -90,6 +93,11 @@ class Sandbox(Protocol):
     ) -> ExecResult:
         """Run a shell command in the workspace, inside the sandbox, as task set-up and graders do (`host_paths`:
         what it runs from on the host, for backends that do not share the host's file system)."""
+        ...
+
+    async def put_files(self, files: tuple[BoxFile, ...]) -> None:
+        """Make these files and directories in the box (each inside its directory), with their modes: what a
+        launch needs (`AgentLaunch.files`, written by `run` itself) and what the runner gives the agent (`answer`)."""
         ...
 
     async def warm(self) -> None:
@@ -143,6 +151,11 @@ class LocalSandbox:
         return self.root / "bin"
 
     @property
+    def script_python(self) -> str:
+        """This interpreter, which the box shares (the namespace box binds its installation)."""
+        return sys.executable
+
+    @property
     def tmp(self) -> Path:
         return self.root / "tmp"
 
@@ -192,6 +205,7 @@ class LocalSandbox:
         stop: asyncio.Event | None = None,
     ) -> RunResult:
         started = time.monotonic()
+        await self.put_files(launch.files)
         env = {key: os.environ[key] for key in self.config.passthrough_env if key in os.environ}
         env["PATH"] = os.pathsep.join(filter(None, [str(self.bin_dir), env.get("PATH", os.defpath)]))
         env = self._agent_env(launch, env | {"TMPDIR": str(self.tmp), **launch.env})
@@ -249,6 +263,12 @@ class LocalSandbox:
             return ExecResult(exit_code=result.exit_code, output=result.stdout)
         return ExecResult(exit_code=None, output=result.stdout, timed_out=result.outcome == "timeout",
                           reason=result.reason or result.outcome)
+
+    async def put_files(self, files: tuple[BoxFile, ...]) -> None:
+        """Written through this host's file system, which this box (and the namespace and Docker ones, whose rollout
+        directory is the host's, bound) shares."""
+        if files:
+            await asyncio.to_thread(write_box_files, files, self.root)
 
     # --------------------------------------------------------------------------- what a backend changes
 

@@ -25,8 +25,8 @@ grace period, then SIGKILL. Whatever the outcome (cancellation included), the co
 `docker rm -f`, which ends all its processes. A trainer killed outright leaves containers behind: they carry the
 label, and `remove_stale_containers()` removes them.
 
-What an image needs: `/bin/sh` (set-up and graders run through `exec`), python 3.11+ for the bridge, and what the
-task runs. Pi runs from the host with `mounts=(its package directory, the node binary)` in a glibc image (tested on
+What an image needs: `/bin/sh` (set-up and graders run through `exec`), python 3.11+ for the bridge (and for the
+runner's `answer` command, whose shebang is `script_python`: the image's interpreter), and what the task runs. Pi runs from the host with `mounts=(its package directory, the node binary)` in a glibc image (tested on
 Debian bookworm); the SWE loader's default test command is the host's `sys.executable`, so grading in an image
 without the project's Python also needs `sys.prefix` and `sys.base_prefix` mounted. Images are never pulled.
 A cold run costs a container start: about 0.25 s for `exec("true")` here, against 0.04 s in a namespace sandbox.
@@ -154,6 +154,11 @@ class DockerSandbox(BridgedSandbox):
         _check_mountable(self.root)
         self._open_bridges()
         return entered
+
+    @property
+    def script_python(self) -> str:
+        """The image's Python (the one the bridge runs on), not this host's."""
+        return self.python if self.python.startswith("/") else f"/usr/bin/env {self.python}"
 
     def _host_view(self, launch: AgentLaunch) -> list[Path]:
         return self._mounts_for(launch)

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from agents.errors import AgentConfigError
 from agents.specs.packages import CLAUDE, find_binary
-from agents.specs.spec import AgentLaunch, AgentRollout, program_paths, write_private_json
+from agents.specs.spec import AgentLaunch, AgentRollout, BoxFile, private_json, program_paths
 
 __all__ = ["ClaudeAgent"]
 
@@ -50,11 +50,9 @@ class ClaudeAgent:
     def prepare(self, rollout: AgentRollout) -> AgentLaunch:
         binary = find_binary(CLAUDE, self.binary)
         config_dir = rollout.home / ".claude"
-        config_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         helper = config_dir / "key"
-        helper.write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(rollout.secret)}\n")
-        helper.chmod(0o700)
-        settings = write_private_json(config_dir / "settings.json", {"apiKeyHelper": str(helper)})
+        files = (BoxFile(helper, f"#!/bin/sh\nprintf '%s' {shlex.quote(rollout.secret)}\n".encode(), 0o700),
+                 private_json(config_dir / "settings.json", {"apiKeyHelper": str(helper)}))
         env = {
             "HOME": str(rollout.home),
             "CLAUDE_CONFIG_DIR": str(config_dir),
@@ -76,7 +74,7 @@ class ClaudeAgent:
             env=env,
             cwd=rollout.workspace,
             stdin=rollout.instruction.encode(),
-            files_written=(helper, settings),
+            files=files,
             secrets=(rollout.secret,),
             host_paths=program_paths(binary),
         )

@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from agents.errors import AgentConfigError
 from agents.specs.packages import CODEX, find_binary
-from agents.specs.spec import AgentLaunch, AgentRollout, program_paths
+from agents.specs.spec import AgentLaunch, AgentRollout, BoxFile, program_paths
 
 __all__ = ["CodexAgent"]
 
@@ -63,7 +63,6 @@ class CodexAgent:
     def prepare(self, rollout: AgentRollout) -> AgentLaunch:
         binary = find_binary(CODEX, self.binary)
         codex_home = rollout.home / ".codex"
-        codex_home.mkdir(mode=0o700, parents=True, exist_ok=True)
         top = {
             "model": rollout.model,
             "model_provider": _PROVIDER,
@@ -87,16 +86,14 @@ class CodexAgent:
         lines += [f"{feature} = false" for feature in _FEATURES_OFF]
         lines += ["", "[agents]", "enabled = false"]  # sub-agents come as a `namespace` tool
         lines += ["", "[shell_environment_policy]", 'inherit = "core"']
-        config = codex_home / "config.toml"
-        config.touch(mode=0o600)
-        config.write_text("\n".join(lines) + "\n")
+        config = BoxFile(codex_home / "config.toml", ("\n".join(lines) + "\n").encode(), 0o600)
         return AgentLaunch(
             argv=(str(binary), "exec", *self.extra_args, "--skip-git-repo-check",
                   "--dangerously-bypass-approvals-and-sandbox", "--ephemeral", "-"),  # fmt: skip
             env={"HOME": str(rollout.home), "CODEX_HOME": str(codex_home)},
             cwd=rollout.workspace,
             stdin=rollout.instruction.encode(),
-            files_written=(config,),
+            files=(config,),
             secrets=(rollout.secret,),
             host_paths=program_paths(binary),
         )

@@ -82,7 +82,8 @@ def _pip_install(package: AgentPackage, prefix: Path) -> None:
 
 def _install_step(what: str, argv: list[str]) -> None:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         raise InstallError(f"`{what}` took more than {INSTALL_TIMEOUT_S:g}s") from exc
     if done.returncode != 0:

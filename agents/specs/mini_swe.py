@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from agents.errors import AgentConfigError
 from agents.specs.packages import MINI_SWE, find_binary
-from agents.specs.spec import AgentLaunch, AgentRollout, program_paths, write_private_json
+from agents.specs.spec import AgentLaunch, AgentRollout, private_json, program_paths
 
 __all__ = ["MiniSweAgent"]
 
@@ -67,7 +67,7 @@ class MiniSweAgent:
             "environment": {"timeout": self.command_timeout_s},
             "model": {"model_name": rollout.model, "cost_tracking": "ignore_errors", "model_kwargs": model_kwargs},
         }, self.config)
-        written = write_private_json(config_dir / "interceptor.yaml", config)
+        written = config_dir / "interceptor.yaml"
         if "=" in str(written):
             raise AgentConfigError(f"mini reads a config path holding '=' as key=value: {written}")
         return AgentLaunch(
@@ -77,7 +77,7 @@ class MiniSweAgent:
                  "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(_RETRY_ATTEMPTS), "NO_COLOR": "1", **dict(MINI_SWE.env)},
             cwd=rollout.workspace,
             stdin=b"",  # mini asks nothing when configured; an empty stdin that ends says so if it ever does
-            files_written=(written,),
+            files=(private_json(written, config),),
             secrets=(rollout.secret,),
             host_paths=program_paths(binary),
         )

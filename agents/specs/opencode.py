@@ -51,7 +51,7 @@ from typing import ClassVar
 
 from agents.errors import AgentConfigError
 from agents.specs.packages import OPENCODE, find_binary
-from agents.specs.spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
+from agents.specs.spec import AgentLaunch, AgentRollout, BoxFile, check_provider, private_json, program_paths
 
 __all__ = ["OpenCodeAgent"]
 
@@ -121,13 +121,14 @@ class OpenCodeAgent:
             },
             **self.config,
         }
-        written = [write_private_json(xdg["XDG_CONFIG_HOME"] / "interceptor" / "opencode.json", config)]
+        config_file = xdg["XDG_CONFIG_HOME"] / "interceptor" / "opencode.json"
+        files = [private_json(config_file, config)]
         if self.skip_plugin_install:
-            written += _mark_plugin_installed(xdg["XDG_CONFIG_HOME"] / "opencode")
+            files += _mark_plugin_installed(xdg["XDG_CONFIG_HOME"] / "opencode")
         env = {
             "HOME": str(home),
             **{key: str(path) for key, path in xdg.items()},
-            "OPENCODE_CONFIG": str(written[0]),
+            "OPENCODE_CONFIG": str(config_file),
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
             "OPENCODE_DISABLE_MODELS_FETCH": "1",
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
@@ -138,18 +139,14 @@ class OpenCodeAgent:
             env=env,
             cwd=rollout.workspace,
             stdin=rollout.instruction.encode(),
-            files_written=tuple(written),
+            files=tuple(files),
             secrets=(rollout.secret,),
             host_paths=program_paths(binary),
         )
 
 
-def _mark_plugin_installed(config_dir: Path) -> list[Path]:
+def _mark_plugin_installed(config_dir: Path) -> list[BoxFile]:
     """OpenCode skips its dependency install in a directory whose node_modules exists and whose lock file's root
     already lists every wanted package (checked against 1.18.33's `Npm.install`)."""
-    (config_dir / "node_modules").mkdir(parents=True, exist_ok=True)
-    lock = write_private_json(
-        config_dir / "package-lock.json",
-        {"lockfileVersion": 3, "packages": {"": {"dependencies": {_PLUGIN_PACKAGE: OPENCODE.version}}}},
-    )
-    return [lock]
+    lock = {"lockfileVersion": 3, "packages": {"": {"dependencies": {_PLUGIN_PACKAGE: OPENCODE.version}}}}
+    return [BoxFile(config_dir / "node_modules", None, 0o700), private_json(config_dir / "package-lock.json", lock)]

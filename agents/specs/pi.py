@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from agents.specs.packages import PI, find_binary
-from agents.specs.spec import AgentLaunch, AgentRollout, check_provider, program_paths, write_private_json
+from agents.specs.spec import AgentLaunch, AgentRollout, check_provider, private_json, program_paths
 
 __all__ = ["PiAgent"]
 
@@ -89,10 +89,7 @@ class PiAgent:
             "quietStartup": True,
             **self.settings,
         }
-        written = (
-            write_private_json(agent_dir / "models.json", models),
-            write_private_json(agent_dir / "settings.json", settings),
-        )
+        files = (private_json(agent_dir / "models.json", models), private_json(agent_dir / "settings.json", settings))
         return AgentLaunch(
             argv=(
                 str(binary),
@@ -107,7 +104,7 @@ class PiAgent:
             env={"HOME": str(rollout.home), "PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1"},
             cwd=rollout.workspace,
             stdin=rollout.instruction.encode(),
-            files_written=written,
+            files=files,
             secrets=(rollout.secret,),
             host_paths=program_paths(binary),
         )

@@ -1,11 +1,13 @@
-"""What an agent spec is: given one rollout, write the agent's config files and say how to start it.
+"""What an agent spec is: given one rollout, say which config files the agent needs and how to start it.
 
     launch = PiAgent().prepare(AgentRollout(base_url=..., secret=..., model="policy",
                                             workspace=box.workspace, home=box.home, instruction="..."))
     result = await box.run(launch, limits=RunLimits(wall_s=900, idle_s=120), activity=heartbeat)
 
 Contract of every spec:
-- `prepare` only writes inside `rollout.home` and returns an `AgentLaunch` listing the files it wrote.
+- `prepare` writes nothing: it returns an `AgentLaunch` whose `files` (`BoxFile`: a path inside `rollout.home`, its
+  bytes and mode, or a directory) the sandbox writes into the box before it starts the agent, by whatever way
+  files reach that box (`write_box_files` for a box that shares this host's file system).
 - The secret never appears in `argv` (invariant 4 of DESIGN.md; checked here). Agents that read their provider
   key from a config file get it there, in a file of mode 0600, and not in the environment, so the programs the agent
   spawns (its shell tool) do not inherit it. (They run as the same user and could still read the file: only a
@@ -29,7 +31,8 @@ from typing import Protocol, runtime_checkable
 
 from agents.errors import AgentConfigError
 
-__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "check_provider", "program_paths", "write_private_json"]
+__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "BoxFile", "check_provider", "private_json", "program_paths",
+           "write_box_files", "write_private_json"]
 
 # A bearer token's characters (RFC 6750). Anything else could be read as syntax by an agent's config loader:
 # Pi runs a value starting with "!" as a shell command and OpenCode substitutes "{env:...}".
@@ -61,6 +64,22 @@ class AgentRollout:
                 raise AgentConfigError(f"{name} must be an absolute path: {getattr(self, name)}")
 
 
+@dataclass(frozen=True)
+class BoxFile:
+    """One file (or, with no data, a directory) the sandbox makes in the box before the agent starts; parents are
+    made 0700."""
+
+    path: Path  # absolute, inside the rollout's directory
+    data: bytes | None = field(default=None, repr=False)  # None: a directory
+    mode: int = 0o600
+
+    def __post_init__(self) -> None:
+        if not self.path.is_absolute() or ".." in self.path.parts:
+            raise AgentConfigError(f"a box file's path must be absolute and plain: {self.path}")
+        if not 0 <= self.mode <= 0o777:
+            raise AgentConfigError(f"mode must be permission bits: {oct(self.mode)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentLaunch:
     """How to start the agent: what a sandbox needs, and nothing host-specific."""
@@ -69,7 +88,7 @@ class AgentLaunch:
     env: Mapping[str, str] = field(repr=False)  # may hold the secret (the command agent); shown by key only
     cwd: Path
     stdin: bytes | None = field(default=None, repr=False)  # written to the agent's stdin, which is then closed
-    files_written: tuple[Path, ...] = ()
+    files: tuple[BoxFile, ...] = ()  # written into the box by the sandbox, before the agent starts
     secrets: tuple[str, ...] = field(default=(), repr=False)  # scrubbed from whatever the sandbox keeps
     # Host files and directories the program runs from (its install, its interpreter). A backend that does not
     # share the host's file system (a container) mounts them read-only at the same paths.
@@ -84,6 +103,11 @@ class AgentLaunch:
 
     def __repr__(self) -> str:
         return f"AgentLaunch(argv={self.argv!r}, env_keys={sorted(self.env)!r}, cwd={str(self.cwd)!r})"
+
+    @property
+    def files_written(self) -> tuple[Path, ...]:
+        """The paths of the files (not directories) the sandbox writes for this launch."""
+        return tuple(f.path for f in self.files if f.data is not None)
 
 
 @runtime_checkable
@@ -167,12 +191,30 @@ def check_provider(provider: str, *, context_window: int, max_tokens: int) -> No
         raise AgentConfigError("need 0 < max_tokens <= context_window")
 
 
+def private_json(path: Path, data: object) -> BoxFile:
+    """`data` as a JSON file readable by the owner only (0600)."""
+    return BoxFile(path, (json.dumps(data, indent=2) + "\n").encode(), 0o600)
+
+
+def write_box_files(files: tuple[BoxFile, ...], root: Path) -> None:
+    """Write `files` through this host's file system, each inside `root` (the rollout's directory; refused
+    otherwise, symbolic links included), parents 0700, each with exactly its mode (also over a file already there)."""
+    root = root.resolve()
+    for box_file in files:
+        parent = box_file.path.parent if box_file.data is not None else box_file.path
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not parent.resolve().is_relative_to(root):
+            raise AgentConfigError(f"{box_file.path} is outside the rollout's directory {root}")
+        if box_file.data is None:
+            os.chmod(box_file.path, box_file.mode)
+            continue
+        fd = os.open(box_file.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, box_file.mode)
+        with os.fdopen(fd, "wb") as file:
+            os.fchmod(file.fileno(), box_file.mode)  # the mode argument does not apply to a file that existed
+            file.write(box_file.data)
+
+
 def write_private_json(path: Path, data: object) -> Path:
     """Write `data` as JSON readable by the owner only (0600), creating parent directories (0700)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        os.fchmod(file.fileno(), 0o600)  # the mode argument does not apply to a file that already existed
-        json.dump(data, file, indent=2)
-        file.write("\n")
+    write_box_files((private_json(path, data),), path.parent)
     return path

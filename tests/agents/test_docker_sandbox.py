@@ -27,6 +27,7 @@ from agents.sandbox.docker import LABEL, ContainerLimits, DockerSandbox, docker_
 from agents.sandbox.namespace import SandboxUnavailable
 from agents.specs.packages import PI
 from agents.specs.spec import write_private_json
+from agents.tasks import Grader, Task
 from tests.agents.agent_runs import MAX_MODEL_LEN, bash_call, require_agent
 from tests.invariants import assert_token_exact
 
@@ -279,6 +280,25 @@ async def test_pi_inside_a_container_fixes_a_swe_bug_through_the_bridge_and_earn
     assert_token_exact(record, scripted.calls)
     tool_output = next(m["content"] for t in record.trace for m in t["new_messages"] if m["role"] == "tool")
     assert tool_output.strip() == "docker-init"
+
+
+async def test_pi_submits_with_answer_run_by_the_images_python_not_the_hosts(server, scripted):
+    """Only Pi's package and Node are mounted: its config files and the `answer` command go in through the sandbox
+    (`put_files`), and `answer` runs on the image's Python (no interpreter of this host is in the container)."""
+    binary = require_agent(PI)
+    pi = PiAgent(binary=binary, context_window=MAX_MODEL_LEN)
+    node = Path(shutil.which("node") or "/usr/bin/node").resolve()
+    url = urlsplit(server.url)
+    make = functools.partial(DockerSandbox, image=IMAGE, endpoint=(url.hostname, url.port),
+                             mounts=(binary.parents[2], node))
+    task = Task(id="submit-7", instruction="Submit 7 with: answer 7", grader=Grader(kind="answer", expected="7"))
+    scripted.script(bash_call(f"test -e {sys.executable} || echo no-host-python; head -1 $(command -v answer); "
+                              "answer 7"), "Submitted.")
+    async with asyncio.timeout(180):
+        (record,) = await Runner(server, RunnerConfig(agent=pi, sandbox=make)).run_tasks([task], n=1)
+    assert record.status == "ok" and record.reward == 1.0, (record.failure, record.events)
+    tool_output = next(m["content"] for t in record.trace for m in t["new_messages"] if m["role"] == "tool")
+    assert "no-host-python" in tool_output and "#!/usr/bin/env python3" in tool_output, tool_output
 
 
 @pytest.mark.e2e

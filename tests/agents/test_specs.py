@@ -26,6 +26,7 @@ from agents import (
 )
 from agents.specs.mini_swe import MiniSweAgent
 from agents.specs.packages import MINI_SWE, OPENCODE, PI, STAMP, AgentPackage, find_binary
+from agents.specs.spec import BoxFile, write_box_files
 
 SECRET = "s3cr3t-Token_abc.DEF~42"
 # An instruction that argv parsing would mangle: a leading dash, an @file, quotes, newlines, a placeholder.
@@ -39,6 +40,13 @@ def fake_program(tmp_path) -> Path:
     program.write_text("#!/bin/sh\nexit 0\n")
     program.chmod(0o755)
     return program
+
+
+def prepared(spec: AgentSpec, rollout: AgentRollout) -> AgentLaunch:
+    """The spec's launch, with its files written as a sandbox sharing this host's file system writes them."""
+    launch = spec.prepare(rollout)
+    write_box_files(launch.files, rollout.home.parent)
+    return launch
 
 
 def fake_install(package: AgentPackage, fake_program: Path) -> Path:
@@ -88,7 +96,7 @@ def assert_secret_only_in_private_files(launch: AgentLaunch, rollout: AgentRollo
 
 
 def test_pi_writes_models_and_settings_and_keeps_the_secret_in_a_0600_file(rollout, fake_program):
-    launch = PiAgent(binary=fake_program, context_window=8192, max_tokens=1024).prepare(rollout)
+    launch = prepared(PiAgent(binary=fake_program, context_window=8192, max_tokens=1024), rollout)
     agent_dir = rollout.home / ".pi" / "agent"
     models = json.loads((agent_dir / "models.json").read_text())
     assert models == {
@@ -113,24 +121,24 @@ def test_pi_writes_models_and_settings_and_keeps_the_secret_in_a_0600_file(rollo
 
 def test_pi_and_opencode_get_the_instruction_verbatim_on_stdin_not_in_argv(rollout, fake_program):
     for spec in (PiAgent(binary=fake_program), OpenCodeAgent(binary=fake_program)):
-        launch = spec.prepare(rollout)
+        launch = prepared(spec, rollout)
         assert launch.stdin == TRICKY.encode()
         assert not any("notes.md" in arg for arg in launch.argv)
 
 
 def test_pi_extra_args_go_before_the_print_flag(rollout, fake_program):
-    launch = PiAgent(binary=fake_program, extra_args=("--no-context-files",)).prepare(rollout)
+    launch = prepared(PiAgent(binary=fake_program, extra_args=("--no-context-files",)), rollout)
     assert launch.argv[-2:] == ("--no-context-files", "-p")  # after -p, Pi would take it as the message
 
 
 def test_pi_settings_overrides_merge_over_the_defaults(rollout, fake_program):
-    PiAgent(binary=fake_program, settings={"retry": {"enabled": False}}).prepare(rollout)
+    prepared(PiAgent(binary=fake_program, settings={"retry": {"enabled": False}}), rollout)
     settings = json.loads((rollout.home / ".pi" / "agent" / "settings.json").read_text())
     assert settings["retry"] == {"enabled": False} and settings["compaction"] == {"enabled": False}
 
 
 def test_opencode_config_names_the_policy_for_both_models_and_keeps_the_secret_in_a_0600_file(rollout, fake_program):
-    launch = OpenCodeAgent(binary=fake_program, context_window=8192, max_tokens=512).prepare(rollout)
+    launch = prepared(OpenCodeAgent(binary=fake_program, context_window=8192, max_tokens=512), rollout)
     config_path = Path(launch.env["OPENCODE_CONFIG"])
     assert config_path.is_relative_to(rollout.home)
     config = json.loads(config_path.read_text())
@@ -148,7 +156,7 @@ def test_opencode_config_names_the_policy_for_both_models_and_keeps_the_secret_i
 
 
 def test_opencode_gets_its_own_home_xdg_dirs_and_no_network_extras(rollout, fake_program):
-    env = OpenCodeAgent(binary=fake_program).prepare(rollout).env
+    env = prepared(OpenCodeAgent(binary=fake_program), rollout).env
     assert env["HOME"] == str(rollout.home)
     for key in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
         assert Path(env[key]).is_relative_to(rollout.home)
@@ -158,26 +166,26 @@ def test_opencode_gets_its_own_home_xdg_dirs_and_no_network_extras(rollout, fake
 
 def test_opencode_plugin_install_is_marked_done_unless_asked_for(rollout, fake_program):
     config_dir = rollout.home / ".config" / "opencode"
-    OpenCodeAgent(binary=fake_program).prepare(rollout)
+    prepared(OpenCodeAgent(binary=fake_program), rollout)
     lock = json.loads((config_dir / "package-lock.json").read_text())
     assert "@opencode-ai/plugin" in lock["packages"][""]["dependencies"]
     assert (config_dir / "node_modules").is_dir()
 
     other = rollout.home.parent / "home2"
     other.mkdir()
-    OpenCodeAgent(binary=fake_program, skip_plugin_install=False).prepare(replace(rollout, home=other))
+    prepared(OpenCodeAgent(binary=fake_program, skip_plugin_install=False), replace(rollout, home=other))
     assert not (other / ".config" / "opencode").exists()
 
 
 def test_opencode_config_overrides_replace_top_level_keys(rollout, fake_program):
-    launch = OpenCodeAgent(binary=fake_program, config={"permission": {"webfetch": "deny"}}).prepare(rollout)
+    launch = prepared(OpenCodeAgent(binary=fake_program, config={"permission": {"webfetch": "deny"}}), rollout)
     config = json.loads(Path(launch.env["OPENCODE_CONFIG"]).read_text())
     assert config["permission"] == {"webfetch": "deny"} and "provider" in config
 
 
 def test_command_agent_gets_the_openai_variables_and_placeholders_are_replaced_once(rollout, fake_program):
     spec = CommandAgent(argv=(str(fake_program), "--task", "{instruction}", "--in", "{workspace}"), env={"X": "1"})
-    launch = spec.prepare(rollout)
+    launch = prepared(spec, rollout)
     assert launch.argv == (str(fake_program), "--task", TRICKY, "--in", str(rollout.workspace))  # "{model}" kept
     assert launch.env == {
         "X": "1",
@@ -187,7 +195,7 @@ def test_command_agent_gets_the_openai_variables_and_placeholders_are_replaced_o
         "OPENAI_MODEL": "policy",
     }
     assert launch.stdin == TRICKY.encode() and launch.secrets == (SECRET,)
-    assert CommandAgent(argv=(str(fake_program),), instruction_on_stdin=False).prepare(rollout).stdin is None
+    assert prepared(CommandAgent(argv=(str(fake_program),), instruction_on_stdin=False), rollout).stdin is None
 
 
 def test_command_agent_may_not_override_the_rollout_variables():
@@ -197,17 +205,17 @@ def test_command_agent_may_not_override_the_rollout_variables():
 
 def test_command_agent_with_a_missing_program_says_so(rollout):
     with pytest.raises(AgentNotInstalled, match="no-such-agent"):
-        CommandAgent(argv=("no-such-agent",)).prepare(rollout)
+        prepared(CommandAgent(argv=("no-such-agent",)), rollout)
 
 
 def test_missing_agent_raises_with_how_to_install(rollout, tmp_path, monkeypatch):
     monkeypatch.setenv("INTERCEPTOR_AGENTS_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
     with pytest.raises(AgentNotInstalled) as pi:
-        PiAgent().prepare(rollout)
+        prepared(PiAgent(), rollout)
     assert "interceptor agents install pi" in str(pi.value) and "@mariozechner/pi-coding-agent@0.73.1" in str(pi.value)
     with pytest.raises(AgentNotInstalled, match="interceptor agents install opencode"):
-        OpenCodeAgent().prepare(rollout)
+        prepared(OpenCodeAgent(), rollout)
 
 
 def test_the_pinned_install_is_used_only_once_finished(tmp_path, monkeypatch):
@@ -232,7 +240,7 @@ def test_an_explicit_binary_must_be_executable(tmp_path, rollout):
     not_executable = tmp_path / "pi"
     not_executable.write_text("")
     with pytest.raises(AgentConfigError, match="not an executable"):
-        PiAgent(binary=not_executable).prepare(rollout)
+        prepared(PiAgent(binary=not_executable), rollout)
 
 
 @pytest.mark.parametrize("secret", ["!cat /etc/passwd", "{env:HOME}", "has space", ""])
@@ -249,7 +257,7 @@ def test_a_secret_in_argv_is_refused(tmp_path):
 
 
 def test_reprs_never_show_the_secret(rollout, fake_program):
-    launch = CommandAgent(argv=(str(fake_program),)).prepare(rollout)
+    launch = prepared(CommandAgent(argv=(str(fake_program),)), rollout)
     assert SECRET not in repr(rollout) and SECRET not in repr(launch)
     assert "OPENAI_API_KEY" in repr(launch)  # keys are shown, values are not
 
@@ -263,7 +271,7 @@ def test_every_registered_agent_launches_its_binary_with_the_endpoint_and_no_sec
     binary = fake_install(AGENTS[name].package, fake_program)
     spec = AGENTS[name].spec(binary=binary)
     assert isinstance(spec, AgentSpec) and spec.name == name
-    launch = spec.prepare(rollout)
+    launch = prepared(spec, rollout)
     assert launch.argv[0] == str(binary) and launch.cwd == rollout.workspace
     assert not any(SECRET in arg for arg in launch.argv) and SECRET in launch.secrets
     told = "\n".join(launch.env.values()) + "".join(p.read_text(errors="replace") for p in launch.files_written
@@ -274,8 +282,8 @@ def test_every_registered_agent_launches_its_binary_with_the_endpoint_and_no_sec
 
 def test_mini_swe_agent_gets_the_task_and_the_secret_in_its_0600_config_not_in_argv_or_env(rollout, fake_program):
     python = fake_install(MINI_SWE, fake_program)
-    launch = MiniSweAgent(binary=python, max_tokens=64, step_limit=9, config={"agent": {"mode": "confirm"}}).prepare(
-        rollout)
+    spec = MiniSweAgent(binary=python, max_tokens=64, step_limit=9, config={"agent": {"mode": "confirm"}})
+    launch = prepared(spec, rollout)
     config_file = rollout.home / ".config" / "mini-swe-agent" / "interceptor.yaml"
     assert_secret_only_in_private_files(launch, rollout, {config_file})
     config = json.loads(config_file.read_text())  # JSON, which mini's YAML loader reads
@@ -295,7 +303,7 @@ def test_mini_swe_agent_gets_the_task_and_the_secret_in_its_0600_config_not_in_a
 
 def test_mini_swe_agent_from_a_program_that_is_no_install_of_it_is_refused(rollout, fake_program):
     with pytest.raises(AgentConfigError, match="not a mini-swe-agent install"):
-        MiniSweAgent(binary=fake_program).prepare(rollout)
+        prepared(MiniSweAgent(binary=fake_program), rollout)
     with pytest.raises(AgentConfigError):
         MiniSweAgent(command_timeout_s=0)
 
@@ -308,6 +316,37 @@ def test_a_pypi_package_runs_its_module_from_the_venv_and_an_npm_one_its_program
     assert PI.command(Path("/x/pi")) == ("/x/pi",)
     with pytest.raises(AgentConfigError, match="names the module"):
         AgentPackage(name="x", package="x", version="1", bin="x", registry="pypi")
+
+
+@pytest.mark.parametrize("name", [name for name, kind in AGENTS.items() if kind.package is not None])
+def test_a_spec_writes_nothing_itself_the_sandbox_writes_its_files(name, fake_program, rollout):
+    """`prepare` only describes the files (a box that shares no file system with this host gets them through its
+    own channel); what they hold, with their modes, is what the agent reads once written."""
+    launch = AGENTS[name].spec(binary=fake_install(AGENTS[name].package, fake_program)).prepare(rollout)
+    assert list(rollout.home.iterdir()) == [] and launch.files
+    assert all(f.path.is_relative_to(rollout.home) for f in launch.files)
+    write_box_files(launch.files, rollout.home.parent)
+    for box_file in launch.files:
+        assert mode(box_file.path) == box_file.mode
+        if box_file.data is not None:
+            assert box_file.path.read_bytes() == box_file.data
+
+
+def test_box_files_are_written_only_inside_the_rollouts_directory(tmp_path):
+    root = tmp_path / "rollout"
+    (root / "home").mkdir(parents=True)
+    with pytest.raises(AgentConfigError, match="outside"):
+        write_box_files((BoxFile(tmp_path / "elsewhere" / "x", b"1"),), root)
+    (root / "home" / "link").symlink_to(tmp_path, target_is_directory=True)  # a link the agent could have made
+    with pytest.raises(AgentConfigError, match="outside"):
+        write_box_files((BoxFile(root / "home" / "link" / "x", b"1"),), root)
+    assert not (tmp_path / "x").exists()
+    (root / "home" / "file-link").symlink_to(tmp_path / "target")
+    with pytest.raises(OSError):  # O_NOFOLLOW: a link in the file's place is not written through
+        write_box_files((BoxFile(root / "home" / "file-link", b"1"),), root)
+    assert not (tmp_path / "target").exists()
+    with pytest.raises(AgentConfigError, match="absolute"):
+        BoxFile(Path("relative"), b"")
 
 
 def test_the_command_agent_satisfies_the_protocol():
@@ -345,7 +384,7 @@ def test_a_command_agents_instruction_naming_a_host_file_does_not_get_it_bound_i
     script.write_text("")
     task_file = tmp_path / "tasks.jsonl"
     task_file.write_text('{"grader": {"expected": "7"}}\n')
-    launch = CommandAgent(argv=(sys.executable, str(script), "{instruction}")).prepare(
-        replace(rollout, instruction=str(task_file)))
+    launch = prepared(CommandAgent(argv=(sys.executable, str(script), "{instruction}")),
+                      replace(rollout, instruction=str(task_file)))
     assert launch.argv[-1] == str(task_file)  # the agent is told the path ...
     assert script.resolve() in launch.host_paths and task_file.resolve() not in launch.host_paths  # ... not given it

@@ -34,7 +34,7 @@ from agents.sandbox.backends import BoxChooser, Placement
 from agents.sandbox.base import Sandbox
 from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.pool import PoolConfig, SandboxPool
-from agents.specs.spec import program_paths
+from agents.specs.spec import BoxFile, program_paths
 from agents.tasks import Task
 
 __all__ = ["ANSWER_FILE", "OpenedSandbox", "SandboxFailed", "SandboxHost"]
@@ -138,7 +138,7 @@ class SandboxHost:
             except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, image absent)
                 raise SandboxFailed(f"the sandbox could not be made: {exc}") from exc
             await self._prepare_workspace(task, box)
-            _write_answer_command(box.bin_dir)
+            await box.put_files((_answer_command(box.bin_dir),))
         except BaseException:
             await asyncio.shield(stack.aclose())
             raise
@@ -190,10 +190,8 @@ class SandboxHost:
             raise SandboxFailed(str(exc)) from exc
 
 
-def _write_answer_command(bin_dir: Path) -> None:
+def _answer_command(bin_dir: Path) -> BoxFile:
     """`bin_dir/answer`, run by /bin/sh (present in every image), writing its value to `bin_dir/.answer`."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    path = bin_dir / "answer"
-    path.write_text(_ANSWER_SCRIPT.format(tmp=shlex.quote(str(bin_dir / (ANSWER_FILE + ".tmp"))),
-                                          path=shlex.quote(str(bin_dir / ANSWER_FILE))))
-    path.chmod(0o700)
+    script = _ANSWER_SCRIPT.format(tmp=shlex.quote(str(bin_dir / (ANSWER_FILE + ".tmp"))),
+                                   path=shlex.quote(str(bin_dir / ANSWER_FILE)))
+    return BoxFile(bin_dir / "answer", script.encode(), 0o700)
