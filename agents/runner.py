@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import sys
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import AsyncExitStack
@@ -47,7 +46,7 @@ from agents.sandbox.base import RunLimits, RunResult, Sandbox
 from agents.sandbox.breaker import BreakerConfig, CircuitBreaker
 from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.pool import PoolConfig, SandboxPool
-from agents.specs.spec import AgentRollout, AgentSpec, program_paths
+from agents.specs.spec import AgentRollout, AgentSpec, BoxFile, program_paths
 from agents.tasks import Task
 
 __all__ = ["Runner", "RunnerConfig", "SetupFailed", "placement_for", "prepare_workspace"]
@@ -90,11 +89,8 @@ async def prepare_workspace(task: Task, box: Sandbox, *, setup_timeout_s: float)
     """The task's workspace in `box`: its directory copied, its files written, its set-up commands run inside the
     sandbox (with the grader's programs reachable). Used by the runner and by TRL environments alike."""
     if task.workspace is not None:
-        await asyncio.to_thread(shutil.copytree, task.workspace, box.workspace, dirs_exist_ok=True)
-    for name, text in task.files.items():
-        path = box.workspace / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        await box.put_tree(task.workspace)
+    await box.put_files(tuple(BoxFile(box.workspace / name, text.encode(), 0o644) for name, text in task.files.items()))
     for command in task.setup:
         result = await box.exec(command, timeout_s=setup_timeout_s, host_paths=_GRADER_PATHS)
         if result.timed_out:

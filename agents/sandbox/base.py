@@ -100,6 +100,10 @@ class Sandbox(Protocol):
         launch needs (`AgentLaunch.files`, written by `run` itself) and what the runner gives the agent (`answer`)."""
         ...
 
+    async def put_tree(self, source: Path) -> None:
+        """Copy a directory of this host (a task's workspace) into the box's workspace, links as links."""
+        ...
+
     async def warm(self) -> None:
         """Start what the next run needs ahead of it (a backend with nothing to start ahead does nothing)."""
         ...
@@ -269,6 +273,9 @@ class LocalSandbox:
         directory is the host's, bound) shares."""
         if files:
             await asyncio.to_thread(write_box_files, files, self.root)
+
+    async def put_tree(self, source: Path) -> None:
+        await asyncio.to_thread(shutil.copytree, source, self.workspace, symlinks=True, dirs_exist_ok=True)
 
     # --------------------------------------------------------------------------- what a backend changes
 
