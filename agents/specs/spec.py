@@ -134,13 +134,15 @@ def program_paths(*programs: str | Path) -> tuple[Path, ...]:
         if "node_modules" in parts:
             paths.append(Path(*parts[: parts.index("node_modules")]).resolve())
         paths.append(resolved)
-        if resolved.suffix in (".js", ".mjs", ".cjs") or _shebang_names(resolved, "node"):
+        shebang = _shebang(resolved)  # None: not a script
+        if resolved.suffix in (".js", ".mjs", ".cjs") or any("node" in word for word in shebang or ()):
             node = shutil.which("node")
             if node is not None:
                 paths.append(Path(node).resolve())
-        script = _shebang_names(resolved, "")
-        python = Path(found).absolute() if resolved.name.startswith("python") and not script else (
-            _shebang_python(resolved) if script else None)
+        if shebang is None:
+            python = Path(found).absolute() if resolved.name.startswith("python") else None
+        else:
+            python = _python_named(shebang)
         if python is not None:
             paths += _python_paths(python)
     return tuple(dict.fromkeys(paths))
@@ -158,29 +160,23 @@ def _python_paths(python: Path) -> list[Path]:
     return paths
 
 
-def _shebang_python(path: Path) -> Path | None:
-    """The Python interpreter a script's shebang names (`#!/path/python` or `#!/usr/bin/env python3`), if any."""
+def _shebang(path: Path) -> list[str] | None:
+    """The words of a script's `#!` line, or None for a file that is not a script (or cannot be read)."""
     try:
         with open(path, "rb") as f:
             first = f.readline(200).decode(errors="replace")
     except OSError:
         return None
-    words = first.removeprefix("#!").split() if first.startswith("#!") else []
-    if words and Path(words[0]).name == "env":
-        words = words[1:]
+    return first.removeprefix("#!").split() if first.startswith("#!") else None
+
+
+def _python_named(shebang: list[str]) -> Path | None:
+    """The Python interpreter a shebang names (`#!/path/python` or `#!/usr/bin/env python3`), if any."""
+    words = shebang[1:] if shebang and Path(shebang[0]).name == "env" else shebang
     if not words or not Path(words[0]).name.startswith("python"):
         return None
     found = shutil.which(words[0])
     return Path(found).absolute() if found else None
-
-
-def _shebang_names(path: Path, interpreter: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(200)
-    except OSError:
-        return False
-    return first.startswith(b"#!") and interpreter.encode() in first
 
 
 def check_provider(provider: str, *, context_window: int, max_tokens: int) -> None:
