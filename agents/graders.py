@@ -17,14 +17,20 @@ import os
 import re
 import shlex
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.sandbox.base import ExecResult
+from agents.sandbox.base import ExecResult, Sandbox
+from agents.specs.spec import program_paths
 from agents.tasks import Grader, Task
 
-__all__ = ["GRADERS", "Grade", "Graded", "GraderFailed", "grade"]
+__all__ = ["GRADERS", "GRADER_PATHS", "Grade", "Graded", "GraderFailed", "grade", "grade_box", "runs_from"]
+
+# What set-up and test commands may run from this host in a box that does not share it: this Python (the SWE
+# loader's default test command is `sys.executable -m pytest`).
+GRADER_PATHS = program_paths(sys.executable)
 
 _PYTEST_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED)\s+(\S+)", re.MULTILINE)
 
@@ -51,6 +57,25 @@ async def grade(
     if kind is None:  # a Grader is checked when built; this is for one built around that check
         raise GraderFailed(f"no grader of kind {grader.kind!r}")
     return await kind(Graded(grader=grader, task=task, answer=answer, answered=answered, workspace=workspace, run=run))
+
+
+def runs_from(command: str) -> tuple[Path, ...]:
+    """What a set-up or test command runs from on this host: this Python's installation when the command names it,
+    else nothing (the box's own programs), so a box that copies what it runs from copies no more than that."""
+    return GRADER_PATHS if sys.executable in command else ()
+
+
+async def grade_box(task: Task, box: Sandbox, *, answer: object, answered: bool) -> Grade:
+    """Grade a rollout whose agent ran in `box`: its workspace brought to the host first (host-side graders read it
+    there), and the host's copy made the box's again before each command run inside (the SWE grader puts the hidden
+    tests in place on the host). Where the box shares the host's file system both are nothing."""
+    await box.pull_workspace()
+
+    async def run(command: str, timeout_s: float) -> ExecResult:
+        await box.push_workspace()
+        return await box.exec(command, timeout_s=timeout_s, host_paths=runs_from(command))
+
+    return await grade(task, answer=answer, answered=answered, workspace=box.workspace, exec=run)
 
 
 @dataclass(frozen=True, kw_only=True)

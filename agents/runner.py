@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -40,21 +39,19 @@ from interceptor.store.records import Failure, RolloutRecord
 
 from agents.answer_command import answer_command
 from agents.errors import AgentConfigError, AgentError
-from agents.graders import GraderFailed, grade
+from agents.graders import GRADER_PATHS, GraderFailed, grade_box, runs_from
 from agents.sandbox.backends import CHOICES, BoxChooser, Placement
 from agents.sandbox.base import RunLimits, RunResult, Sandbox
 from agents.sandbox.breaker import BreakerConfig, CircuitBreaker
 from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.pool import PoolConfig, SandboxPool
-from agents.specs.spec import AgentRollout, AgentSpec, BoxFile, program_paths
+from agents.specs.spec import AgentRollout, AgentSpec, BoxFile
 from agents.tasks import Task
 
 __all__ = ["Runner", "RunnerConfig", "SetupFailed", "placement_for", "prepare_workspace"]
 
 log = logging.getLogger("agents.runner")
 
-# What set-up and test commands may run from the host in a container: this Python (SWE tests run with it).
-_GRADER_PATHS = program_paths(sys.executable)
 _OUTPUT_KEPT = 4000  # characters of the agent's output tail kept in a failed rollout's record
 
 
@@ -92,7 +89,7 @@ async def prepare_workspace(task: Task, box: Sandbox, *, setup_timeout_s: float)
         await box.put_tree(task.workspace)
     await box.put_files(tuple(BoxFile(box.workspace / name, text.encode(), 0o644) for name, text in task.files.items()))
     for command in task.setup:
-        result = await box.exec(command, timeout_s=setup_timeout_s, host_paths=_GRADER_PATHS)
+        result = await box.exec(command, timeout_s=setup_timeout_s, host_paths=runs_from(command))
         if result.timed_out:
             raise SetupFailed(f"setup command timed out: {command}")
         if not result.ok:
@@ -120,7 +117,7 @@ class Runner:
         self._on_finished = on_finished
         self._agent_paths: tuple[Path, ...] = ()  # what the agent's launches ran from (a warm sandbox binds it)
         self._boxes = None if config.sandbox is not None else BoxChooser(config.backend, placement_for(
-            server, resources=config.resources, warm_paths=lambda: (*self._agent_paths, *_GRADER_PATHS)))
+            server, resources=config.resources, warm_paths=lambda: (*self._agent_paths, *GRADER_PATHS)))
         # One circuit per backend: the default one, and each task image's (a broken image pauses only its tasks)
         self._breakers: dict[str | None, CircuitBreaker] = {None: CircuitBreaker(config.breaker)}
         self._pool = SandboxPool(config.pool)
@@ -222,10 +219,8 @@ class Runner:
                 rollout.note("limit_hit", limit=limit, count=count)
             _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
             try:
-                graded = await grade(task, answer=rollout.answer, answered=rollout.answered, workspace=box.workspace,
-                                     exec=lambda command, timeout_s: box.exec(command, timeout_s=timeout_s,
-                                                                             host_paths=_GRADER_PATHS))
-            except GraderFailed as exc:
+                graded = await grade_box(task, box, answer=rollout.answer, answered=rollout.answered)
+            except (GraderFailed, AgentError) as exc:  # AgentError: the workspace could not be brought out
                 raise _Failed("grader", str(exc)) from exc
             return graded.reward, graded.detail
 
@@ -248,7 +243,7 @@ class Runner:
 
 
 def placement_for(server: InterceptionServer, *, resources: ResourceLimits | None = None,
-                  warm_paths: Callable[[], tuple[Path, ...]] = lambda: _GRADER_PATHS) -> Placement:
+                  warm_paths: Callable[[], tuple[Path, ...]] = lambda: GRADER_PATHS) -> Placement:
     """Boxes that reach only this server, with its records (other rollouts' trajectories) hidden even where they lie
     inside an allowed path. `warm_paths()`, read as each box is made: what its warm spare binds besides the
     allow-list (the programs agents ran from so far, the graders' interpreter)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make the Docker sandbox (agents/sandbox/docker.py) usable here: install docker.io, start a daemon when none
+# Make the Docker sandbox (agents/sandbox/docker/) usable here: install docker.io, start a daemon when none
 # answers, and build the test image offline (no registry is reachable): a debootstrap'd minimal Debian root with
 # python3 (the in-container half of agents/sandbox/netbridge.py needs it) and git (SWE set-up and grading), imported as
 # $IMAGE.

@@ -3,8 +3,10 @@
 `run`, `train`, `evaluate` and `replay` (through `agents.runner.Runner`) and TRL environments
 (`trainer.rl.environment_host`) all choose here, with `--sandbox`'s words:
 
-    auto       a task with an `image` runs in Docker; any other in bubblewrap namespaces where this machine allows
-               them, else with no isolation (a warning, and refused when resource limits are asked for)
+    auto       a task with an `image` runs in Docker (bind-mounting its rollout's directory; with a daemon on
+               another machine, `DOCKER_HOST=tcp://...` or `ssh://...`, in `docker-remote`, which binds nothing);
+               any other in bubblewrap namespaces where this machine allows them, else with no isolation (a warning,
+               and refused when resource limits are asked for)
     namespace  bubblewrap namespaces for every task (a task's image is not used); refused where this machine
                lacks them
     local      no isolation, for trusted programs, every task (nor here); refused with resource limits
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +75,20 @@ def _docker(placement: Placement, image: str | None, network: str) -> Sandbox:
                          warm_paths=placement.warm_paths())
 
 
+def _docker_remote(placement: Placement, image: str | None, network: str) -> Sandbox:
+    from agents.sandbox.docker.remote import RemoteDockerSandbox  # noqa: PLC0415
+
+    if image is None:
+        raise AgentConfigError("the docker-remote backend runs tasks that name an image")
+    return RemoteDockerSandbox(image=image, network=network, endpoint=placement.endpoint, limits=placement.resources)
+
+
+def _daemon_elsewhere() -> bool:
+    """The docker client talks to a daemon that may be on another machine (it cannot see this host's paths)."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return bool(host) and not host.startswith("unix://")
+
+
 def _docker_unavailable() -> str | None:
     from agents.sandbox.docker import docker_unavailable  # noqa: PLC0415
 
@@ -81,7 +98,8 @@ def _docker_unavailable() -> str | None:
 LOCAL = Backend(name="local", isolating=False, unavailable=lambda: None, make=_local)
 NAMESPACE = Backend(name="namespace", isolating=True, unavailable=namespaces_unavailable, make=_namespace)
 DOCKER = Backend(name="docker", isolating=True, unavailable=_docker_unavailable, make=_docker)
-BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (LOCAL, NAMESPACE, DOCKER)}
+DOCKER_REMOTE = Backend(name="docker-remote", isolating=True, unavailable=_docker_unavailable, make=_docker_remote)
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (LOCAL, NAMESPACE, DOCKER, DOCKER_REMOTE)}
 CHOICES = ("auto", "namespace", "local")  # `--sandbox`; Docker is chosen by a task's `image`
 
 
@@ -112,6 +130,8 @@ class BoxChooser:
         self.default = default  # the backend of every task, but a task's with an image under auto
 
     def __call__(self, image: str | None = None, network: str = "model") -> tuple[Hashable, Callable[[], Sandbox]]:
-        backend = DOCKER if image is not None and self.choice == "auto" else self.default
-        image = image if backend is DOCKER else None
+        if image is not None and self.choice == "auto":
+            backend = DOCKER_REMOTE if _daemon_elsewhere() else DOCKER
+        else:
+            backend, image = self.default, None
         return (backend.name, image, network), functools.partial(backend.make, self.placement, image, network)

@@ -7,7 +7,8 @@
         ...grade box.workspace...
     result.outcome  # "exited" | "timeout" | "idle" | "cancelled" | "spawn_failed"
 
-`Sandbox` is the interface every backend implements (`agents.sandbox.namespace`, `agents.sandbox.docker`).
+`Sandbox` (`agents.sandbox.contract`) is the interface every backend implements (`agents.sandbox.namespace`,
+`agents.sandbox.docker`).
 `LocalSandbox` is the simplest: no isolation at all (the agent runs as this user, sees the host's files, network and
 processes), for trusted programs and platforms without namespaces. It runs the agent as a process of this machine:
 - its own session and process group, under the subreaper shim of `agents.sandbox.proctree` on Linux, so the whole tree
@@ -37,11 +38,12 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Self
+from typing import Self
 
 from agents.errors import AgentConfigError
 from agents.sandbox import proctree
 from agents.sandbox.spare import Started, hand_launch, put_away, until_ready
+from agents.sandbox.contract import Sandbox
 from agents.sandbox.supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised, tree_bytes
 from agents.specs.spec import AgentLaunch, BoxFile, write_box_files
 
@@ -58,55 +60,6 @@ __all__ = [
 
 _SHIM = Path(proctree.__file__)
 _SPAWN_WAIT_S = 30.0  # for a spare being started when the sandbox is put away
-
-
-class Sandbox(Protocol):
-    """One rollout's place to run an agent. Entering creates the workspace and home; leaving removes them."""
-
-    @property
-    def workspace(self) -> Path: ...
-
-    @property
-    def home(self) -> Path: ...
-
-    @property
-    def bin_dir(self) -> Path: ...  # first on the agent's PATH
-
-    @property
-    def script_python(self) -> str: ...  # what runs the Python scripts written into the box (a shebang's program)
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(self, *exc_info: object) -> None: ...
-
-    async def run(
-        self,
-        launch: AgentLaunch,
-        *,
-        limits: RunLimits,
-        activity: Callable[[], float] | None = None,
-        stop: asyncio.Event | None = None,
-    ) -> RunResult: ...
-
-    async def exec(
-        self, command: str, *, timeout_s: float, env: dict[str, str] | None = None, host_paths: tuple[Path, ...] = ()
-    ) -> ExecResult:
-        """Run a shell command in the workspace, inside the sandbox, as task set-up and graders do (`host_paths`:
-        what it runs from on the host, for backends that do not share the host's file system)."""
-        ...
-
-    async def put_files(self, files: tuple[BoxFile, ...]) -> None:
-        """Make these files and directories in the box (each inside its directory), with their modes: what a
-        launch needs (`AgentLaunch.files`, written by `run` itself) and what the runner gives the agent (`answer`)."""
-        ...
-
-    async def put_tree(self, source: Path) -> None:
-        """Copy a directory of this host (a task's workspace) into the box's workspace, links as links."""
-        ...
-
-    async def warm(self) -> None:
-        """Start what the next run needs ahead of it (a backend with nothing to start ahead does nothing)."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,6 +229,12 @@ class LocalSandbox:
 
     async def put_tree(self, source: Path) -> None:
         await asyncio.to_thread(shutil.copytree, source, self.workspace, symlinks=True, dirs_exist_ok=True)
+
+    async def pull_workspace(self) -> None:
+        """Nothing to do: the box's workspace is this host's directory."""
+
+    async def push_workspace(self) -> None:
+        """Nothing to do: the box's workspace is this host's directory."""
 
     # --------------------------------------------------------------------------- what a backend changes
 

@@ -307,7 +307,7 @@ def _listen(port: int) -> list[socket.socket]:
 async def _forward(sockets: list[socket.socket], unix_path: str) -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            host_side = await asyncio.open_unix_connection(unix_path)
+            host_side = await _connect_unix(unix_path)
         except OSError:
             writer.close()
             return
@@ -318,6 +318,20 @@ async def _forward(sockets: list[socket.socket], unix_path: str) -> None:
 
     servers = [await asyncio.start_server(handle, sock=sock) for sock in sockets]
     await asyncio.gather(*(server.serve_forever() for server in servers))
+
+
+async def _connect_unix(path: str) -> _Stream:
+    """The socket's server may come up after the agent: a box that shares no file system with the host serves it
+    from inside (`agents.sandbox.stdiomux`, started once the container runs). Tried for up to `_CONNECT_S`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CONNECT_S
+    while True:
+        try:
+            return await asyncio.open_unix_connection(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(0.02)
 
 
 def main(argv: list[str] | None = None) -> int:

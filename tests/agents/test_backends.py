@@ -10,11 +10,13 @@ import pytest
 
 from agents.errors import AgentConfigError
 from agents.runner import RunnerConfig
+from agents.sandbox import backends
 from agents.sandbox.backends import BACKENDS, CHOICES, BoxChooser, Placement
 from agents.sandbox.base import LocalSandbox
 from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.namespace import namespaces_unavailable
 from agents.specs.command import CommandAgent
+from agents.specs.spec import BoxFile
 
 IMAGE = "interceptor/debian-python:bookworm"  # python3 in a minimal Debian root: scripts/setup-docker.sh
 AGENT = CommandAgent(argv=("true",))
@@ -23,7 +25,7 @@ AGENT = CommandAgent(argv=("true",))
 def _why_not(name: str) -> str | None:
     if (reason := BACKENDS[name].unavailable()) is not None:
         return reason
-    if name == "docker":
+    if name.startswith("docker"):
         import subprocess
 
         done = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, timeout=20, check=False)
@@ -32,21 +34,33 @@ def _why_not(name: str) -> str | None:
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
-async def test_every_registered_backend_runs_a_command_in_a_box_of_its_own(name):
+async def test_every_registered_backend_runs_a_command_in_a_box_of_its_own(name, monkeypatch):
     if (reason := _why_not(name)) is not None:
         pytest.skip(f"{name} backend: {reason}")
-    choice, image = ("auto", IMAGE) if name == "docker" else (name, None)
+    if name.startswith("docker"):
+        monkeypatch.setattr(backends, "_daemon_elsewhere", lambda: name == "docker-remote")
+    choice, image = ("auto", IMAGE) if name.startswith("docker") else (name, None)
     key, make = BoxChooser(choice, Placement())(image, "model")
     assert key == (name, image, "model")
     async with make() as box:
-        (box.workspace / "seen.txt").write_text("from the host\n")
+        await box.put_files((BoxFile(box.workspace / "seen.txt", b"from the host\n", 0o644),))
         result = await box.exec("cat seen.txt && echo made-here > made.txt", timeout_s=60)
         assert result.exit_code == 0, result
         assert "from the host" in result.output
+        await box.pull_workspace()
         assert (box.workspace / "made.txt").read_text() == "made-here\n"
 
 
-def test_auto_sends_a_task_with_an_image_to_docker_and_every_other_to_the_default():
+@pytest.mark.parametrize(("docker_host", "backend"), [("tcp://10.0.0.5:2376", "docker-remote"),
+                                                       ("ssh://builder@gpu-7", "docker-remote"),
+                                                       ("unix:///var/run/docker.sock", "docker"), ("", "docker")])
+def test_a_daemon_on_another_machine_gets_the_backend_that_binds_nothing(monkeypatch, docker_host, backend):
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    assert BoxChooser("auto", Placement())(IMAGE, "model")[0] == (backend, IMAGE, "model")
+
+
+def test_auto_sends_a_task_with_an_image_to_docker_and_every_other_to_the_default(monkeypatch):
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
     choose = BoxChooser("auto", Placement())
     default = "namespace" if namespaces_unavailable() is None else "local"
     assert choose(IMAGE, "model")[0] == ("docker", IMAGE, "model")

@@ -24,6 +24,7 @@ from agents import AgentLaunch, LocalSandboxConfig, PiAgent, RunLimits
 from agents.answer_command import write_answer_command
 from agents.runner import Runner, RunnerConfig
 from agents.sandbox.docker import LABEL, ContainerLimits, DockerSandbox, docker_unavailable
+from agents.sandbox.docker.remote import RemoteDockerSandbox
 from agents.sandbox.namespace import SandboxUnavailable
 from agents.specs.packages import PI
 from agents.specs.spec import write_private_json
@@ -131,10 +132,8 @@ async def test_env_values_are_in_no_argv_on_the_host():
             assert (await run).outcome == "cancelled"
 
 
-async def test_the_model_endpoint_is_reached_through_the_bridge_and_another_host_port_is_not(
-    model_server, other_listener
-):
-    script = r"""
+# Run in a box: connects to another host port (argv[1]), then asks the model endpoint for its models.
+ENDPOINT_PROBE = r"""
 import os, socket, sys, urllib.request
 try:
     socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3)
@@ -145,9 +144,19 @@ request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/models",
                                  headers={"Authorization": "Bearer " + os.environ["KEY"]})
 print("model-endpoint:", urllib.request.urlopen(request, timeout=10).read().decode())
 """
-    async with asyncio.timeout(BOUND_S), sandbox() as box:
+
+
+BACKENDS = pytest.mark.parametrize("make", [DockerSandbox, RemoteDockerSandbox], ids=["bound", "remote"])
+
+
+@BACKENDS
+async def test_the_model_endpoint_is_reached_through_the_bridge_and_another_host_port_is_not(
+    model_server, other_listener, make
+):
+    """Remote: the bridge's socket is the box's own, carried over a `docker exec` pipe to the host half."""
+    async with asyncio.timeout(BOUND_S), make(FAST, image=IMAGE) as box:
         launch = AgentLaunch(
-            argv=("python3", "-c", script, str(other_listener.port)),
+            argv=("python3", "-c", ENDPOINT_PROBE, str(other_listener.port)),
             # `localhost`, as an agent's config may say: inside, the endpoint is 127.0.0.1
             env={"OPENAI_BASE_URL": model_server.base_url("localhost"), "KEY": SECRET},
             cwd=box.workspace,
@@ -160,20 +169,29 @@ print("model-endpoint:", urllib.request.urlopen(request, timeout=10).read().deco
     assert model_server.authorizations == [f"Bearer {SECRET}"]
 
 
-async def test_large_requests_and_streamed_replies_cross_the_bridge_whole(model_server):
+@BACKENDS
+async def test_large_requests_and_streamed_replies_cross_the_bridge_whole_on_parallel_connections(
+    model_server, make
+):
     script = """
-import hashlib, http.client, os, sys
+import hashlib, http.client, os, sys, threading
 body = os.urandom(3 * 1024 * 1024)
-connection = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
-for _ in range(2):
-    connection.request("POST", "/rollout/b/v1/echo", body=body)
-    print(hashlib.sha256(connection.getresponse().read()).digest() == hashlib.sha256(body).digest())
+results = []
+def call():
+    connection = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
+    for _ in range(2):
+        connection.request("POST", "/rollout/b/v1/echo", body=body)
+        results.append(hashlib.sha256(connection.getresponse().read()).digest() == hashlib.sha256(body).digest())
+threads = [threading.Thread(target=call) for _ in range(3)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print(results)
 """
-    async with asyncio.timeout(BOUND_S), sandbox(endpoint=("127.0.0.1", model_server.port)) as box:
+    async with asyncio.timeout(BOUND_S), make(FAST, image=IMAGE, endpoint=("127.0.0.1", model_server.port)) as box:
         launch = AgentLaunch(argv=("python3", "-c", script, str(model_server.port)), env={}, cwd=box.workspace)
         result = await box.run(launch, limits=RunLimits(wall_s=BOUND_S))
     assert result.ok, result
-    assert result.stdout == "True\nTrue\n"
+    assert result.stdout == f"{[True] * 6}\n"
 
 
 async def test_another_rollouts_container_can_neither_read_write_signal_nor_connect(model_server, other_listener):
@@ -216,11 +234,12 @@ async def test_another_rollouts_container_can_neither_read_write_signal_nor_conn
     assert model_server.authorizations == [f"Bearer {B_SECRET}"]
 
 
-async def test_a_timeout_ends_every_process_of_the_container_and_leaves_no_container():
+@BACKENDS
+async def test_a_timeout_ends_every_process_of_the_container_and_leaves_no_container(make):
     seconds = long_sleep()
     # The agent and a detached child both ignore SIGTERM: only the container's removal ends them.
     script = f"trap '' TERM; (trap '' TERM; sleep {seconds}) & sleep {seconds}"
-    async with asyncio.timeout(BOUND_S), sandbox() as box:
+    async with asyncio.timeout(BOUND_S), make(FAST, image=IMAGE) as box:
         before = containers()
         launch = AgentLaunch(argv=("sh", "-c", script), env={}, cwd=box.workspace)
         run = asyncio.create_task(box.run(launch, limits=RunLimits(wall_s=3, idle_s=None)))

@@ -38,11 +38,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents.graders import GraderFailed, grade
+from agents.errors import AgentError
+from agents.graders import GraderFailed, grade_box
 from agents.sandbox.base import Sandbox
 from agents.tasks import Task, load_tasks
 
-from trainer.rl.environment_host import GRADER_PATHS, OpenedSandbox, SandboxFailed, SandboxHost
+from trainer.rl.environment_host import OpenedSandbox, SandboxFailed, SandboxHost
 from trainer.rl.environment_tools import ToolError, bounded, tool, workspace_path
 
 __all__ = ["EnvironmentConfig", "EpisodeState", "TaskEnvironment", "environment_factory_for", "grader_reward",
@@ -237,12 +238,9 @@ class TaskEnvironment:
         if episode.reward is _UNGRADED:
             box = episode.opened.box
             try:
-                graded = await grade(episode.task, answer=episode.answer, answered=episode.answered,
-                                     workspace=box.workspace,
-                                     exec=lambda command, timeout_s: box.exec(command, timeout_s=timeout_s,
-                                                                             host_paths=GRADER_PATHS))
+                graded = await grade_box(episode.task, box, answer=episode.answer, answered=episode.answered)
                 episode.reward = graded.reward
-            except GraderFailed as exc:
+            except (GraderFailed, AgentError) as exc:
                 log.warning("task %s: the grader failed (its reward is None): %s", episode.task.id, exc)
                 episode.reward = None
         return episode.reward

@@ -20,7 +20,6 @@ import asyncio
 import atexit
 import logging
 import shlex
-import sys
 import threading
 from collections.abc import Callable, Coroutine, Hashable
 from contextlib import AsyncExitStack
@@ -29,12 +28,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agents.errors import AgentError
+from agents.graders import GRADER_PATHS
 from agents.runner import SetupFailed, prepare_workspace
 from agents.sandbox.backends import BoxChooser, Placement
 from agents.sandbox.base import Sandbox
 from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.pool import PoolConfig, SandboxPool
-from agents.specs.spec import BoxFile, program_paths
+from agents.specs.spec import BoxFile
 from agents.tasks import Task
 
 __all__ = ["ANSWER_FILE", "OpenedSandbox", "SandboxFailed", "SandboxHost"]
@@ -44,8 +44,6 @@ log = logging.getLogger("trainer.rl.environment")
 T = TypeVar("T")
 
 ANSWER_FILE = ".answer"  # in the sandbox's bin directory: written by its `answer` command
-# What set-up and grader commands may run from the host in a container: this Python (as in agents.runner).
-GRADER_PATHS = program_paths(sys.executable)
 _CLOSE_TIMEOUT_S = 60.0  # releasing every sandbox at exit: a container removal can take seconds
 
 _ANSWER_SCRIPT = """#!/bin/sh

@@ -26,9 +26,10 @@ grace period, then SIGKILL. Whatever the outcome (cancellation included), the co
 label, and `remove_stale_containers()` removes them.
 
 What an image needs: `/bin/sh` (set-up and graders run through `exec`), python 3.11+ for the bridge (and for the
-runner's `answer` command, whose shebang is `script_python`: the image's interpreter), and what the task runs. Pi runs from the host with `mounts=(its package directory, the node binary)` in a glibc image (tested on
-Debian bookworm); the SWE loader's default test command is the host's `sys.executable`, so grading in an image
-without the project's Python also needs `sys.prefix` and `sys.base_prefix` mounted. Images are never pulled.
+runner's `answer` command, whose shebang is `script_python`: the image's interpreter), and what the task runs. Pi
+runs from the host with `mounts=(its package directory, the node binary)` in a glibc image (tested on Debian
+bookworm); the SWE loader's default test command is the host's `sys.executable`, whose installation a set-up or
+test command that names it gets bound (`agents.graders.runs_from`). Images are never pulled.
 A cold run costs a container start: about 0.25 s for `exec("true")` here, against 0.04 s in a namespace sandbox.
 `warm()` starts the next run's container ahead (`LocalSandbox.warm`): it waits, under the subreaper shim mounted at
 /opt/interceptor/proctree.py and run by the image's python, for the launch on stdin; the agent's variables then come
@@ -187,16 +188,37 @@ class DockerSandbox(BridgedSandbox):
 
     @contextlib.asynccontextmanager
     async def _hold(self, launch: AgentLaunch, hits: dict[str, int]) -> AsyncIterator[_Container]:
-        port, socket = await self._bridge(launch)
-        container = _Container(name=f"interceptor-{secrets.token_hex(8)}", port=port, socket=socket)
+        container = await self._container(launch)
         refused = self._refused()
         try:
-            yield container
+            async with self._attached(container):
+                yield container
         finally:
             if refused_now := self._refused() - refused:
                 hits["connections"] = refused_now
             # Shielded: a cancelled run still removes its container (the removal goes on if we are cancelled again).
             await asyncio.shield(self._remove(container.name))
+
+    async def _container(self, launch: AgentLaunch) -> _Container:
+        """The container one run starts: its name, image and model endpoint bridge."""
+        port, socket = await self._bridge(launch)
+        return _Container(name=f"interceptor-{secrets.token_hex(8)}", image=self.image, port=port, socket=socket)
+
+    def _attached(self, container: _Container) -> contextlib.AbstractAsyncContextManager[object]:
+        """What runs beside the container while it runs (nothing here: its bridge's socket is bound in)."""
+        return contextlib.nullcontext()
+
+    def _mount_args(self, launch: AgentLaunch, *, waiting: bool, bridged: bool) -> list[str]:
+        """The rollout's directory bound writable, what the launch runs from read-only, the shim and bridge."""
+        args = ["--mount", _bind(self.root, readonly=False)]
+        args += [arg for path in self._mounts_for(launch) for arg in ("--mount", _bind(path, readonly=True))]
+        if waiting:
+            shim = Path(proctree.__file__).resolve()
+            args += ["--mount", f"type=bind,src={shim},dst={_PROCTREE_IN_CONTAINER},readonly"]
+        if bridged:
+            bridge = Path(netbridge.__file__).resolve()
+            args += ["--mount", f"type=bind,src={bridge},dst={_BRIDGE_IN_CONTAINER},readonly"]
+        return args
 
     def _wrap(
         self, launch: AgentLaunch, argv: list[str], env: dict[str, str], held: object
@@ -215,20 +237,13 @@ class DockerSandbox(BridgedSandbox):
             "--user", f"{os.getuid()}:{os.getgid()}",  # files in the workspace stay the host user's
             "--hostname", "sandbox",
             "--workdir", str(launch.cwd),
-            "--mount", _bind(self.root, readonly=False),
-            *(arg for path in self._mounts_for(launch) for arg in ("--mount", _bind(path, readonly=True))),
+            *self._mount_args(launch, waiting=waiting, bridged=container.port is not None),
             *_limit_args(self.container_limits),
             *(arg for key in env for arg in ("-e", key)),  # the value from the client's environment, not argv
         ]  # fmt: skip
         if waiting or launch.stdin is not None:
             command.append("--interactive")
-        if waiting:
-            shim = Path(proctree.__file__).resolve()
-            command += ["--mount", f"type=bind,src={shim},dst={_PROCTREE_IN_CONTAINER},readonly"]
-        if container.port is not None:
-            bridge = Path(netbridge.__file__).resolve()
-            command += ["--mount", f"type=bind,src={bridge},dst={_BRIDGE_IN_CONTAINER},readonly"]
-        command += ["--", self.image]
+        command += ["--", container.image]
         if container.port is not None:
             command += [self.python, "-I", _BRIDGE_IN_CONTAINER, "--port", str(container.port)]
             command += ["--unix", str(container.socket), "--"]
@@ -266,8 +281,10 @@ class DockerSandbox(BridgedSandbox):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Container:
     name: str
+    image: str  # the sandbox's image, or one made from it (`agents.sandbox.docker.remote`)
     port: int | None  # the model endpoint's port, forwarded inside; None: no network at all
-    socket: str | None  # the host half of its bridge
+    socket: str | None  # the Unix socket its bridge forwards to (the host half's, bound in)
+    carried_to: str | None = None  # the host half's socket, where `socket` is the box's own (carried by stdiomux)
 
 
 def _client_env() -> dict[str, str]:
