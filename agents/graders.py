@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import json
 import math
 import os
 import re
+import secrets
 import shlex
 import signal
 import sys
@@ -22,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.grading import pytest_report
 from agents.sandbox.base import ExecResult, Sandbox
 from agents.specs.spec import program_paths
 from agents.tasks import Grader, Task
@@ -49,14 +52,17 @@ Exec = Callable[[str, float], Awaitable[ExecResult]]  # (shell command, timeout)
 
 
 async def grade(
-    task: Task, *, answer: object, answered: bool, workspace: Path, exec: Exec | None = None
+    task: Task, *, answer: object, answered: bool, workspace: Path, exec: Exec | None = None, fresh: bool = False
 ) -> Grade:
+    """`fresh`: the workspace is a fresh box's with the agent's allowed changes (`agents.grading.fresh`); pytest runs
+    then report through `agents.grading.pytest_report`, not their output."""
     grader = task.grader
     run = exec or functools.partial(_exec_on_host, workspace)
     kind = GRADERS.get(grader.kind)
     if kind is None:  # a Grader is checked when built; this is for one built around that check
         raise GraderFailed(f"no grader of kind {grader.kind!r}")
-    return await kind(Graded(grader=grader, task=task, answer=answer, answered=answered, workspace=workspace, run=run))
+    return await kind(Graded(grader=grader, task=task, answer=answer, answered=answered, workspace=workspace, run=run,
+                             fresh=fresh))
 
 
 def runs_from(command: str) -> tuple[Path, ...]:
@@ -65,17 +71,19 @@ def runs_from(command: str) -> tuple[Path, ...]:
     return GRADER_PATHS if sys.executable in command else ()
 
 
-async def grade_box(task: Task, box: Sandbox, *, answer: object, answered: bool) -> Grade:
-    """Grade a rollout whose agent ran in `box`: its workspace brought to the host first (host-side graders read it
-    there), and the host's copy made the box's again before each command run inside (the SWE grader puts the hidden
-    tests in place on the host). Where the box shares the host's file system both are nothing."""
+async def grade_box(task: Task, box: Sandbox, *, answer: object, answered: bool, fresh: bool = False) -> Grade:
+    """Grade in `box`: its workspace brought to the host first (host-side graders read it there), the host's copy
+    made the box's again before each command run inside (the SWE grader puts the hidden tests in place on the host)
+    and brought back after it (a report it wrote). Where the box shares the host's file system these are nothing."""
     await box.pull_workspace()
 
     async def run(command: str, timeout_s: float) -> ExecResult:
         await box.push_workspace()
-        return await box.exec(command, timeout_s=timeout_s, host_paths=runs_from(command))
+        result = await box.exec(command, timeout_s=timeout_s, host_paths=runs_from(command))
+        await box.pull_workspace()
+        return result
 
-    return await grade(task, answer=answer, answered=answered, workspace=box.workspace, exec=run)
+    return await grade(task, answer=answer, answered=answered, workspace=box.workspace, exec=run, fresh=fresh)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +97,7 @@ class Graded:
     answered: bool
     workspace: Path
     run: Exec
+    fresh: bool = False  # a fresh box's workspace: pytest reports through a file, not its output
 
 
 async def _grade_answer(graded: Graded) -> Grade:
@@ -130,6 +139,8 @@ async def _exec_on_host(workspace: Path, command: str, timeout_s: float) -> Exec
 async def _grade_command(graded: Graded) -> Grade:
     grader, run = graded.grader, graded.run
     tests = (*grader.fail_to_pass, *grader.pass_to_pass)
+    if graded.fresh and (tests or "pytest" in grader.command):
+        return await _grade_pytest_report(graded, tests)
     command = grader.command + ("".join(f" {shlex.quote(t)}" for t in tests) if tests else "")
     result = await run(command, grader.timeout_s)
     if result.exit_code is None:
@@ -143,6 +154,55 @@ async def _grade_command(graded: Graded) -> Grade:
         raise GraderFailed(f"grader command failed (exit {result.exit_code}) before reporting {missing[:3]}")
     failed = [t for t in tests if results.get(t) not in ("PASSED", "XPASS")]
     return Grade(0.0 if failed else 1.0, f"{len(tests) - len(failed)}/{len(tests)} required tests passed")
+
+
+async def _grade_pytest_report(graded: Graded, tests: tuple[str, ...]) -> Grade:
+    """The listed tests run with `agents.grading.pytest_report` loaded, and graded from its report: every one must
+    have passed its call (or passed although marked xfail) and failed nowhere (set-up, teardown)."""
+    grader = graded.grader
+    name = f"interceptor_report_{secrets.token_hex(6)}"
+    folder = graded.workspace / f".{name}"
+    folder.mkdir(mode=0o755)
+    (folder / f"{name}.py").write_bytes(Path(pytest_report.__file__).read_bytes())
+    report = folder / "report.jsonl"
+    command = (f"export INTERCEPTOR_REPORT={shlex.quote(str(report))} PYTHONPATH={shlex.quote(str(folder))}; "
+               f"{grader.command}{''.join(f' {shlex.quote(t)}' for t in tests)} -p {name}")
+    result = await graded.run(command, grader.timeout_s)
+    if result.exit_code is None:
+        what = f"timed out after {grader.timeout_s}s" if result.timed_out else f"did not run ({result.reason})"
+        raise GraderFailed(f"grader command {what}: {grader.command}")
+    outcomes, status = _read_report(report)
+    if status is None:
+        raise GraderFailed(f"the test run ended (exit {result.exit_code}) before pytest finished its report")
+    if not tests:  # pytest's own exit status, not the process's (code under test can end that with any code)
+        return Grade(1.0 if status == 0 else 0.0, f"pytest finished with status {status} (report)")
+    failed = [t for t in tests if outcomes.get(t) not in ("passed", "xpassed")]
+    return Grade(0.0 if failed else 1.0, f"{len(tests) - len(failed)}/{len(tests)} required tests passed (report)")
+
+
+def _read_report(path: Path) -> tuple[dict[str, str], int | None]:
+    """Each test's outcome (a failure in any phase wins over a pass) and the session's exit status (None: it did not
+    finish)."""
+    outcomes: dict[str, str] = {}
+    finished = None
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return outcomes, None
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a torn last line: the run did not finish
+        if not isinstance(item, dict):
+            continue
+        if isinstance(item.get("finished"), int):
+            finished = item["finished"]
+        elif isinstance(item.get("nodeid"), str):
+            outcome = str(item.get("outcome"))
+            if outcomes.get(item["nodeid"]) not in ("failed", "skipped", "xfailed"):
+                outcomes[item["nodeid"]] = outcome
+    return outcomes, finished
 
 
 async def _grade_swe(graded: Graded) -> Grade:

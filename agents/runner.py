@@ -39,16 +39,18 @@ from interceptor.store.records import Failure, RolloutRecord
 
 from agents.answer_command import answer_command
 from agents.errors import AgentConfigError, AgentError
-from agents.graders import GRADER_PATHS, GraderFailed, grade_box, runs_from
+from agents.graders import GRADER_PATHS, Grade, GraderFailed, grade_box
+from agents.grading.fresh import Captured, baseline, capture, grade_fresh, tampering_event
 from agents.sandbox.backends import CHOICES, BoxChooser, Placement
 from agents.sandbox.base import RunLimits, RunResult, Sandbox
 from agents.sandbox.breaker import BreakerConfig, CircuitBreaker
 from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.pool import PoolConfig, SandboxPool
-from agents.specs.spec import AgentRollout, AgentSpec, BoxFile
+from agents.specs.spec import AgentRollout, AgentSpec
 from agents.tasks import Task
+from agents.workspace import SetupFailed, prepare_workspace
 
-__all__ = ["Runner", "RunnerConfig", "SetupFailed", "placement_for", "prepare_workspace"]
+__all__ = ["Runner", "RunnerConfig", "placement_for"]
 
 log = logging.getLogger("agents.runner")
 
@@ -76,25 +78,6 @@ class RunnerConfig:
             raise AgentConfigError(f"backend must be one of {', '.join(CHOICES)}, not {self.backend!r}")
         if self.sandbox is not None and self.backend != "auto":
             raise AgentConfigError(f"a custom sandbox runs every task: backend {self.backend!r} would not be used")
-
-
-class SetupFailed(Exception):
-    """A task's workspace could not be prepared: a set-up command failed or timed out."""
-
-
-async def prepare_workspace(task: Task, box: Sandbox, *, setup_timeout_s: float) -> None:
-    """The task's workspace in `box`: its directory copied, its files written, its set-up commands run inside the
-    sandbox (with the grader's programs reachable). Used by the runner and by TRL environments alike."""
-    if task.workspace is not None:
-        await box.put_tree(task.workspace)
-    await box.put_files(tuple(BoxFile(box.workspace / name, text.encode(), 0o644) for name, text in task.files.items()))
-    for command in task.setup:
-        result = await box.exec(command, timeout_s=setup_timeout_s, host_paths=runs_from(command))
-        if result.timed_out:
-            raise SetupFailed(f"setup command timed out: {command}")
-        if not result.ok:
-            tail = result.output[-_OUTPUT_KEPT:]
-            raise SetupFailed(f"setup command failed ({result.exit_code or result.reason}): {command}\n{tail}")
 
 
 class _Failed(Exception):
@@ -182,6 +165,23 @@ class Runner:
 
     async def _attempt(self, task: Task, handle) -> tuple[float, str]:
         rollout = self.server.rollout(handle.id)
+        fresh = task.grading.where == "fresh" and task.grader.kind != "answer"  # an answer is graded on its own
+        captured = await self._run_agent(task, handle, rollout, fresh=fresh)
+        if isinstance(captured, Grade):
+            return captured.reward, captured.detail
+        # The agent's box is gone: nothing it left running touches the grade.
+        if captured.refused:
+            rollout.note("tampering", **tampering_event(captured.refused))
+        try:
+            graded = await grade_fresh(task, lambda: self._pool.sandbox(*self._sandbox_for(task)), captured,
+                                       answer=rollout.answer, answered=rollout.answered,
+                                       setup_timeout_s=self.config.setup_timeout_s)  # fmt: skip
+        except (GraderFailed, AgentError) as exc:
+            raise _Failed("grader", str(exc)) from exc
+        return graded.reward, graded.detail
+
+    async def _run_agent(self, task: Task, handle, rollout, *, fresh: bool) -> Grade | Captured:
+        """The agent's run in its box; then its grade there (in place), or its changes captured (fresh)."""
         breaker = self._breakers.setdefault(task.image, CircuitBreaker(self.config.breaker))
         async with AsyncExitStack() as stack:
             if waited := await breaker.admit():
@@ -193,6 +193,7 @@ class Runner:
                 raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
             breaker.succeeded()
             await self._prepare_workspace(task, box)
+            base = await baseline(box) if fresh else None
             answer = answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret,
                                     python=box.script_python)
             await box.put_files((answer,))
@@ -219,10 +220,11 @@ class Runner:
                 rollout.note("limit_hit", limit=limit, count=count)
             _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
             try:
-                graded = await grade_box(task, box, answer=rollout.answer, answered=rollout.answered)
+                if base is not None:
+                    return await capture(task, box, base)
+                return await grade_box(task, box, answer=rollout.answer, answered=rollout.answered)
             except (GraderFailed, AgentError) as exc:  # AgentError: the workspace could not be brought out
                 raise _Failed("grader", str(exc)) from exc
-            return graded.reward, graded.detail
 
     @property
     def default_kind(self) -> Hashable:

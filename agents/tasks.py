@@ -11,7 +11,8 @@ A task file is JSON Lines, one task per line:
      "network": "model",                        (optional: "model", the default, reaches only the model endpoint;
                                                  "open" shares the host's network, e.g. for a set-up that installs)
      "image": "name:tag",                       (optional: run the rollout in a container of this image)
-     "grader": {"kind": "answer", "expected": "5", "match": "numeric"}}
+     "grader": {"kind": "answer", "expected": "5", "match": "numeric"},
+     "grading": {"where": "fresh", "allow": [], "refuse": [], "tampering": "honest"}}    (optional; these defaults)
 
 Graders (`agents.graders` computes them on the host; the reward never reaches the agent):
 - `answer`: the value submitted to the rollout's `answer` tool, matched `exact` (after stripping), by `regex`
@@ -23,6 +24,12 @@ Graders (`agents.graders` computes them on the host; the reward never reaches th
 - `swe`: a SWE-Gym / SWE-bench instance (made by `agents.swe.load_swe_tasks`): after the agent exits, its changes
   to the files the hidden `test_patch` touches are reverted (and reported), the patch is applied, and the
   FAIL_TO_PASS and PASS_TO_PASS tests run; 1.0 only when every one of them passes.
+
+Grading (`agents.grading`): the workspace graders see is a fresh box of the task, set up again, with only the
+agent's changes that do not change how it is tested (`agents.grading.rules`; `allow` and `refuse` are globs that
+let some through or refuse more); each refused change is a `tampering` event, and the reward is the honest grade of
+the rest (`"tampering": "zero"`: 0 for a rollout that tampered). `"where": "in_place"` grades in the agent's own box
+after it exits, as the graders' own tests do: what it left behind then takes part.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Literal, get_args
 
 import orjson
 
-__all__ = ["Grader", "Limits", "Task", "TaskError", "load_tasks"]
+__all__ = ["Grader", "Grading", "Limits", "Task", "TaskError", "load_tasks"]
 
 
 class TaskError(ValueError):
@@ -88,6 +95,26 @@ class Grader:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Grading:
+    where: Literal["fresh", "in_place"] = "fresh"
+    allow: tuple[str, ...] = ()  # globs of changes that reach grading although a default rule refuses them
+    refuse: tuple[str, ...] = ()  # globs refused besides the default rules
+    tampering: Literal["honest", "zero"] = "honest"  # the reward of a rollout with refused changes
+    max_change_bytes: int = 64 * 2**20  # the changed files' bytes carried to the fresh box; past it the reward is 0
+
+    def __post_init__(self) -> None:
+        if self.where not in ("fresh", "in_place"):
+            raise TaskError(f"grading.where must be 'fresh' or 'in_place', not {self.where!r}")
+        if self.tampering not in ("honest", "zero"):
+            raise TaskError(f"grading.tampering must be 'honest' or 'zero', not {self.tampering!r}")
+        if self.max_change_bytes <= 0:
+            raise TaskError("grading.max_change_bytes must be positive")
+        for pattern in (*self.allow, *self.refuse):
+            if not isinstance(pattern, str) or not pattern:
+                raise TaskError(f"grading patterns are non-empty globs, not {pattern!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Task:
     id: str
     instruction: str
@@ -98,6 +125,7 @@ class Task:
     limits: Limits = field(default_factory=Limits)
     image: str | None = None  # run the rollout in a container of this image (the runner picks DockerSandbox)
     network: Literal["model", "open"] = "model"  # model: only the model endpoint; open: the host's network
+    grading: Grading = field(default_factory=Grading)
 
     def __post_init__(self) -> None:
         if not self.id or not self.instruction:
@@ -111,7 +139,7 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict, *, base_dir: Path) -> Task:
-        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network"}
+        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network", "grading"}
         unknown = set(data) - known
         if unknown:
             raise TaskError(f"unknown task fields {sorted(unknown)}")
@@ -122,6 +150,11 @@ class Task:
             grader["expected"] = str(grader["expected"])
         if grader.get("repo_path"):
             grader["repo_path"] = base_dir / grader["repo_path"]
+        grading = dict(data.get("grading") or {})
+        for key in ("allow", "refuse"):
+            if not isinstance(grading.get(key, []), list):
+                raise TaskError(f"grading.{key} is a list of globs")
+            grading[key] = tuple(grading.get(key) or ())
         try:
             return cls(
                 id=str(data.get("id", "")),
@@ -133,8 +166,9 @@ class Task:
                 limits=Limits(**(data.get("limits") or {})),
                 image=data.get("image"),
                 network=data.get("network", "model"),
+                grading=Grading(**grading),
             )
-        except TypeError as exc:  # unknown keys inside grader or limits
+        except TypeError as exc:  # unknown keys inside grader, limits or grading
             raise TaskError(str(exc)) from exc
 
 

@@ -38,7 +38,16 @@ class ServerMetrics:
                                           ["replica"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.rollouts_finished = Counter("interceptor_rollouts_finished", "Rollouts finished, by status and cause.",
                                          ["status", "cause"], registry=self.registry)
+        self.tampering = Counter("interceptor_tampering", "Changes of agents refused before grading, by kind.",
+                                 ["kind"], registry=self.registry)
         self.registry.register(_State(server))
+
+    def observe_events(self, events: list[dict]) -> None:
+        """A finished rollout's events: its refused changes (`tampering`), counted by kind."""
+        for event in events:
+            if event.get("kind") == "tampering":
+                for kind, count in (event.get("counts") or {}).items():
+                    self.tampering.labels(kind).inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

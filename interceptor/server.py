@@ -359,6 +359,7 @@ class InterceptionServer:
         self.registry.retire(rollout, status)
         self._upstream.release(rollout_id)
         self.metrics.rollouts_finished.labels(status, failure.cause if failure else "").inc()
+        self.metrics.observe_events(rollout.events)
         return record, line
 
     async def pause(self) -> None:

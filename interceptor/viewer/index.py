@@ -53,6 +53,7 @@ class Row:
     auxiliary: int
     started_at: float
     finished_at: float | None
+    tampered: int = 0  # changes refused before grading (its `tampering` events)
 
     @property
     def key(self) -> str:
@@ -68,7 +69,7 @@ class Row:
             "cause": self.cause, "reward": self.reward, "task": self.task, "agent": self.agent, "turns": self.turns,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "samples": self.samples, "forks": self.forks, "auxiliary": self.auxiliary,
-            "started_at": self.started_at, "finished_at": self.finished_at,
+            "started_at": self.started_at, "finished_at": self.finished_at, "tampered": self.tampered,
         }
 
 
@@ -239,4 +240,6 @@ def _row(file: int, offset: int, length: int, record: dict, *, samples: int, aux
         samples=samples, auxiliary=auxiliary,
         started_at=float(record.get("started_at") or 0.0),
         finished_at=float(record["finished_at"]) if record.get("finished_at") is not None else None,
+        tampered=sum(int(event.get("total") or 0) for event in record.get("events") or ()
+                     if isinstance(event, dict) and event.get("kind") == "tampering"),
     )

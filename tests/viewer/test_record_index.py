@@ -48,6 +48,19 @@ def test_a_row_agrees_with_the_record_it_summarises(tmp_path):
         assert index.read_record(row)["rollout_id"] == record.rollout_id
 
 
+def test_a_row_counts_the_changes_refused_before_grading(tmp_path):
+    import dataclasses
+
+    refused = {"kind": "tampering", "at": 1001.0, "total": 3, "counts": {"test": 2, "shadowing": 1},
+               "refused": [{"path": "conftest.py", "kind": "test", "change": "added"}]}
+    record = make_record("t", reward=0.0)
+    record = dataclasses.replace(record, events=[*record.events, refused])
+    line = record.to_json()
+    slow = summarise_line(0, 0, orjson.dumps(orjson.loads(line), option=orjson.OPT_SORT_KEYS))
+    assert summarise_line(0, 0, line).tampered == slow.tampered == 3
+    assert summarise_line(0, 0, make_record("u").to_json()).to_json_dict()["tampered"] == 0
+
+
 def test_the_fast_summary_and_a_full_parse_give_the_same_row(tmp_path):
     record = make_record("z", reward=0.5, samples=[(False, None), (False, "tools changed"), (True, None)])
     line = record.to_json()

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from agents.errors import AgentError
 from agents.graders import GRADER_PATHS
-from agents.runner import SetupFailed, prepare_workspace
+from agents.workspace import SetupFailed, prepare_workspace
 from agents.sandbox.backends import BoxChooser, Placement
 from agents.sandbox.base import Sandbox
 from agents.sandbox.cgroups import ResourceLimits

@@ -122,7 +122,9 @@ async function loadTable() {
   fillFacets(data.facets);
   $("#rollouts tbody").replaceChildren(...data.rows.map((row) => el("tr", { "data-key": row.key, onclick: () => openRollout(row.key) },
     el("td", {}, time(row.started_at)), el("td", {}, row.rollout_id), el("td", {}, row.task), el("td", {}, row.agent),
-    el("td", { class: `status-${row.status}` }, row.status), el("td", {}, row.cause || ""), el("td", {}, fmt(row.reward, 3)),
+    el("td", { class: `status-${row.status}` }, row.status), el("td", {}, row.cause || "",
+      row.tampered ? el("span", { class: "bad", title: "changes refused before grading" }, ` tampered ${row.tampered}`) : ""),
+    el("td", {}, fmt(row.reward, 3)),
     el("td", {}, row.turns), el("td", {}, row.completion_tokens), el("td", {}, row.prompt_tokens), el("td", {}, row.forks))));
   const last = Math.min(state.offset + state.limit, data.total);
   $("#page-info").textContent = data.total ? `${state.offset + 1}–${last} of ${data.total}` : "no rollouts match";
@@ -192,6 +194,10 @@ function renderRollout(r) {
     el("div", { class: "muted" }, `task ${r.metadata.task_id ?? "–"} · agent ${r.metadata.agent ?? "–"} · ${r.mode} · ` +
       `answer ${JSON.stringify(r.answer)} · ${r.usage ? `${r.usage.turns} turns, ${r.usage.prompt_tokens} prompt + ${r.usage.completion_tokens} sampled tokens` : ""}`),
     r.tokenizer_note ? el("div", { class: "muted" }, r.tokenizer_note) : null,
+    ...r.events.filter((e) => e.kind === "tampering").map((e) => el("div", { class: "bad tampering" },
+      `tampering: ${e.total} changes refused before grading (` +
+      Object.entries(e.counts).map(([kind, n]) => `${kind} ${n}`).join(", ") + "): " +
+      e.refused.map((c) => `${c.change} ${c.path}`).join(", "))),
     el("details", {}, el("summary", {}, `events (${r.events.length})`),
       el("pre", {}, r.events.map((e) => JSON.stringify(e)).join("\n")))].filter(Boolean));
   const messages = [];
