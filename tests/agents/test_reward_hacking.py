@@ -10,6 +10,7 @@ Judged from the rollout's record: its status, failure cause, reward and events.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import shlex
 import sys
@@ -176,14 +177,15 @@ def _refused(record) -> set[str]:
 
 @pytest.mark.parametrize("trick", TRICKS, ids=[trick.name for trick in TRICKS])
 async def test_a_trick_that_pays_in_place_earns_the_honest_zero_in_a_fresh_box(trick, server, tasks, command_task):
-    in_place = await _run(server, _task(trick.task, tasks, command_task, "in_place", trick.timeout_s), trick.script)
+    in_place, fresh = await asyncio.gather(  # side by side: each is its own rollout and boxes
+        _run(server, _task(trick.task, tasks, command_task, "in_place", trick.timeout_s), trick.script),
+        _run(server, _task(trick.task, tasks, command_task, "fresh", trick.timeout_s), trick.script))
     if trick.escapes:
         assert (in_place.status, in_place.failure.cause if in_place.failure else None) == ("failed", "grader"), (
             in_place.status, in_place.reward, in_place.failure)
     else:
         assert (in_place.status, in_place.reward) == ("ok", 1.0), (in_place.failure, in_place.events)
 
-    fresh = await _run(server, _task(trick.task, tasks, command_task, "fresh", trick.timeout_s), trick.script)
     assert (fresh.status, fresh.reward) == ("ok", 0.0), (fresh.failure, fresh.events)
     assert _refused(fresh) == trick.refused, fresh.events
 
