@@ -34,6 +34,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from interceptor.config import SamplingSettings
+from interceptor.errors import BadRequest
+from interceptor.gate.stop_rules import parse_stop_rules
 from interceptor.server import InterceptionServer
 from interceptor.store.records import Failure, RolloutRecord
 
@@ -68,6 +70,7 @@ class RunnerConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # pauses a sandbox backend that keeps failing
     resources: ResourceLimits | None = None  # per-rollout CPU/memory/pids limits of the default backends
     pool: PoolConfig = field(default_factory=PoolConfig)  # prepared sandboxes per kind (under `async with` only)
+    stop_rules: tuple[dict, ...] = ()  # every task's, besides its own (`agents.tasks.Task.stop_rules`)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -76,6 +79,10 @@ class RunnerConfig:
             raise AgentConfigError("resources apply to the runner's own backends: give a custom sandbox its own limits")
         if self.backend not in CHOICES:
             raise AgentConfigError(f"backend must be one of {', '.join(CHOICES)}, not {self.backend!r}")
+        try:
+            parse_stop_rules(list(self.stop_rules))
+        except BadRequest as exc:
+            raise AgentConfigError(f"stop_rules: {exc.message}") from exc
         if self.sandbox is not None and self.backend != "auto":
             raise AgentConfigError(f"a custom sandbox runs every task: backend {self.backend!r} would not be used")
 
@@ -140,7 +147,8 @@ class Runner:
     async def run_rollout(self, task: Task, *, metadata: dict | None = None) -> RolloutRecord:
         async with self._slots:
             handle = self.server.open_rollout(
-                sampling=self.config.sampling, metadata={"task_id": task.id, "agent": self.config.agent.name, **(metadata or {})}
+                sampling=self.config.sampling, metadata={"task_id": task.id, "agent": self.config.agent.name, **(metadata or {})},
+                stop_rules=parse_stop_rules([*self.config.stop_rules, *task.stop_rules]),
             )
             status, failure, reward = "ok", None, None
             try:
@@ -215,7 +223,13 @@ class Runner:
                 launch,
                 limits=RunLimits(wall_s=task.limits.wall_s, idle_s=task.limits.idle_s),
                 activity=rollout.activity,
+                stop=rollout.stop_requested,  # a stop rule matched a sampled call: the agent is ended
             )
+            if (hit := rollout.stopped) is not None:
+                message = f"stopped by rule {hit.rule!r} before the agent ran {hit.tool} {hit.arguments[:200]}"
+                if task.grading.stopped == "drop":
+                    raise _Failed("policy_stop", message)
+                return Grade(0.0, message)
             for limit, count in result.limits_hit:  # each limit the run ran into is an event of the rollout
                 rollout.note("limit_hit", limit=limit, count=count)
             _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)

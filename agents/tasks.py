@@ -12,7 +12,8 @@ A task file is JSON Lines, one task per line:
                                                  "open" shares the host's network, e.g. for a set-up that installs)
      "image": "name:tag",                       (optional: run the rollout in a container of this image)
      "grader": {"kind": "answer", "expected": "5", "match": "numeric"},
-     "grading": {"where": "fresh", "allow": [], "refuse": [], "tampering": "honest"}}    (optional; these defaults)
+     "grading": {"where": "fresh", "allow": [], "refuse": [], "tampering": "honest", "stopped": "zero"},
+     "stop_rules": [{"name": "no-network", "pattern": "\\bcurl\\b", "tools": ["bash"]}]}   (optional)
 
 Graders (`agents.graders` computes them on the host; the reward never reaches the agent):
 - `answer`: the value submitted to the rollout's `answer` tool, matched `exact` (after stripping), by `regex`
@@ -30,6 +31,11 @@ agent's changes that do not change how it is tested (`agents.grading.rules`; `al
 let some through or refuse more); each refused change is a `tampering` event, and the reward is the honest grade of
 the rest (`"tampering": "zero"`: 0 for a rollout that tampered). `"where": "in_place"` grades in the agent's own box
 after it exits, as the graders' own tests do: what it left behind then takes part.
+
+Stop rules: a tool call the policy samples that matches one (a regular expression over its arguments' strings and
+the tool's name, for the listed tools or all) is recorded as sampled, and the agent never gets it: the rollout stops
+with a `policy_stop` event naming the rule, graded 0 (`grading.stopped: "zero"`) or failed with cause `policy_stop`
+(`"drop"`: kept out of training).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import orjson
+
+from interceptor.errors import BadRequest
+from interceptor.gate.stop_rules import parse_stop_rules
 
 __all__ = ["Grader", "Grading", "Limits", "Task", "TaskError", "load_tasks"]
 
@@ -100,6 +109,7 @@ class Grading:
     allow: tuple[str, ...] = ()  # globs of changes that reach grading although a default rule refuses them
     refuse: tuple[str, ...] = ()  # globs refused besides the default rules
     tampering: Literal["honest", "zero"] = "honest"  # the reward of a rollout with refused changes
+    stopped: Literal["zero", "drop"] = "zero"  # a rollout a stop rule ended: graded 0, or failed `policy_stop`
     max_change_bytes: int = 64 * 2**20  # the changed files' bytes carried to the fresh box; past it the reward is 0
 
     def __post_init__(self) -> None:
@@ -107,6 +117,8 @@ class Grading:
             raise TaskError(f"grading.where must be 'fresh' or 'in_place', not {self.where!r}")
         if self.tampering not in ("honest", "zero"):
             raise TaskError(f"grading.tampering must be 'honest' or 'zero', not {self.tampering!r}")
+        if self.stopped not in ("zero", "drop"):
+            raise TaskError(f"grading.stopped must be 'zero' or 'drop', not {self.stopped!r}")
         if self.max_change_bytes <= 0:
             raise TaskError("grading.max_change_bytes must be positive")
         for pattern in (*self.allow, *self.refuse):
@@ -126,12 +138,19 @@ class Task:
     image: str | None = None  # run the rollout in a container of this image (the runner picks DockerSandbox)
     network: Literal["model", "open"] = "model"  # model: only the model endpoint; open: the host's network
     grading: Grading = field(default_factory=Grading)
+    # the gate stops the rollout before its agent runs a sampled tool call one of these matches
+    # ({"name", "pattern", "tools"?}: `interceptor.gate.stop_rules`)
+    stop_rules: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id or not self.instruction:
             raise TaskError("a task needs an id and an instruction")
         if self.network not in ("model", "open"):
             raise TaskError(f"task {self.id}: network must be 'model' or 'open', not {self.network!r}")
+        try:
+            parse_stop_rules(list(self.stop_rules))
+        except BadRequest as exc:
+            raise TaskError(f"task {self.id}: {exc.message}") from exc
         for name in self.files:
             path = Path(name)
             if path.is_absolute() or ".." in path.parts:
@@ -139,7 +158,8 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict, *, base_dir: Path) -> Task:
-        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network", "grading"}
+        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network", "grading",
+                 "stop_rules"}
         unknown = set(data) - known
         if unknown:
             raise TaskError(f"unknown task fields {sorted(unknown)}")
@@ -167,6 +187,7 @@ class Task:
                 image=data.get("image"),
                 network=data.get("network", "model"),
                 grading=Grading(**grading),
+                stop_rules=tuple(data.get("stop_rules") or ()),
             )
         except TypeError as exc:  # unknown keys inside grader, limits or grading
             raise TaskError(str(exc)) from exc

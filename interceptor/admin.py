@@ -21,6 +21,7 @@ from aiohttp import web
 
 from interceptor.config import SamplingSettings
 from interceptor.errors import BadRequest, ConfigError, NotFound, Unauthorized, json_response
+from interceptor.gate.stop_rules import parse_stop_rules
 from interceptor.store.records import Failure
 from interceptor.wire.protocol import ensure_serialisable, parse_json_body
 from interceptor.wire.request_body import read_body
@@ -51,9 +52,10 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
         authorize(request)
         raw = await read_body(request, server.body_limits)
         body = parse_json_body(raw) if raw.strip() else {}
-        unknown = set(body) - {"sampling", "metadata"}
+        unknown = set(body) - {"sampling", "metadata", "stop_rules"}
         if unknown:
-            raise BadRequest(f"unknown fields {sorted(unknown)[:10]}; POST /rollouts takes sampling and metadata")
+            raise BadRequest(f"unknown fields {sorted(unknown)[:10]}; POST /rollouts takes sampling, metadata and "
+                             "stop_rules")
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise BadRequest("metadata must be an object", param="metadata")
@@ -65,7 +67,8 @@ def add_admin_routes(app: web.Application, server: InterceptionServer) -> None:
             sampling = SamplingSettings.from_dict(sampling)
         except (ConfigError, TypeError) as exc:
             raise BadRequest(f"sampling: {exc}"[:500], param="sampling") from exc
-        handle = server.open_rollout(sampling=sampling, metadata=metadata)
+        stop_rules = parse_stop_rules(body.get("stop_rules"))
+        handle = server.open_rollout(sampling=sampling, metadata=metadata, stop_rules=stop_rules)
         return json_response(
             {"id": handle.id, "base_url": handle.base_url, "secret": handle.secret, "tools_secret": handle.tools_secret},
             status=201,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from interceptor.config import SamplingSettings
 from interceptor.errors import Conflict, NotFound, Unauthorized
+from interceptor.gate.stop_rules import StopHit
 from interceptor.gate.trajectory import Trajectory
 from interceptor.store.journal import Journal
 from interceptor.store.records import Failure, RolloutRecord, RolloutStatus
@@ -133,6 +134,9 @@ class Rollout:
     attempts: dict[int, Attempts] = field(default_factory=dict)  # oldest first (an OrderedDict is 3x the size)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the trajectory is planned or committed
     finishing: bool = False  # its record is being written: it takes no more requests
+    stop_rules: tuple = ()  # `interceptor.gate.stop_rules.StopRule`s checked on every sampled tool call
+    stopped: StopHit | None = None  # the rule a sampled call matched: no later call is answered
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)  # set with `stopped`, for the driver
     ignored_noted: set = field(default_factory=set)  # unknown request fields already noted in the events
     last_messages: list[dict] = field(default_factory=list)  # black_box trace: what the last call sent
     body_caches: dict[str, BodyCache] = field(default_factory=dict, repr=False)  # per dialect: recent bodies
@@ -202,6 +206,12 @@ class Rollout:
 
     def note(self, kind: str, **details) -> None:
         self.events.append({"kind": kind, "at": round(time.time(), 3), **details})
+
+    def stop(self, hit: StopHit) -> None:
+        """A stop rule matched a sampled call: recorded, and the driver told to stop the agent."""
+        self.stopped = hit
+        self.note("policy_stop", rule=hit.rule, tool=hit.tool, arguments=hit.arguments[:2000])
+        self.stop_requested.set()
 
     def to_record(
         self,
@@ -336,6 +346,14 @@ class RolloutView:
     @property
     def failure(self) -> Failure | None:
         return self._rollout.failure
+
+    @property
+    def stopped(self) -> StopHit | None:
+        return self._rollout.stopped
+
+    @property
+    def stop_requested(self) -> asyncio.Event:
+        return self._rollout.stop_requested
 
     def activity(self) -> float:
         return self._rollout.activity()

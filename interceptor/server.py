@@ -37,6 +37,7 @@ from aiohttp import web
 from interceptor.admin import add_admin_routes
 from interceptor.config import SamplingSettings, ServerConfig
 from interceptor.errors import ConfigError, Conflict, errors_middleware_for, json_response
+from interceptor.gate.stop_rules import StopRule
 from interceptor.gate.trajectory import Trajectory
 from interceptor.gate.turn import Policy
 from interceptor.metrics import ServerMetrics
@@ -264,18 +265,15 @@ class InterceptionServer:
 
     # ------------------------------------------------------------------------------------ Python API
 
-    def open_rollout(
-        self, *, sampling: SamplingSettings | None = None, metadata: dict | None = None
-    ) -> RolloutHandle:
+    def open_rollout(self, *, sampling: SamplingSettings | None = None, metadata: dict | None = None,
+                     stop_rules: tuple[StopRule, ...] = ()) -> RolloutHandle:
+        """`stop_rules`: the gate stops the rollout before its agent gets a sampled call one of them matches."""
         trajectory = None
         if self.policy is not None:
             trajectory = Trajectory(self.policy.renderer, stop_ids=self._stop_ids)
-        rollout = self.registry.create(
-            mode=self.config.mode,
-            sampling=sampling or SamplingSettings(),
-            metadata=metadata or {},
-            trajectory=trajectory,
-        )
+        rollout = self.registry.create(mode=self.config.mode, sampling=sampling or SamplingSettings(),
+                                       metadata=metadata or {}, trajectory=trajectory)  # fmt: skip
+        rollout.stop_rules = stop_rules
         if self._journal is not None:
             self._journal.opened(rollout_id=rollout.id, mode=rollout.mode, metadata=rollout.metadata,
                                  started_at=rollout.started_at)

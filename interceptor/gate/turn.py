@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from interceptor.errors import BadRequest, ContextLengthExceeded, UpstreamError
+from interceptor.gate.stop_rules import PolicyStopped, StopHit, first_hit
 from interceptor.gate.trajectory import TurnPlan
 from interceptor.rollouts import Rollout, TurnResult, TurnTrace
 from interceptor.store.journal import Journal
@@ -78,6 +79,8 @@ async def run_turn(
     `sdk_retry` is the client's word that this is a retry; `heavy` (a body over HEAVY_REQUEST_BYTES) renders a
     fork off the event loop."""
     assert rollout.trajectory is not None, "run_turn is for interception_gate rollouts"
+    if rollout.stopped is not None:
+        raise _stopped(rollout.stopped)
     attempts = rollout.attempts_for(fingerprint, policy.upstream.new_budget, sdk_retry=sdk_retry)
     if attempts.answers_retry(sdk_retry=sdk_retry):
         rollout.note("retry_answered_from_record")
@@ -120,6 +123,11 @@ async def run_turn(
         _settle(future, exc)
         raise
     rollout.trailing_upstream_failures = 0
+    hit = first_hit(rollout.stop_rules, result.message)
+    if hit is not None:  # recorded as sampled; the agent never gets the call
+        rollout.stop(hit)
+        _settle(future, _stopped(hit))
+        raise _stopped(hit)
     future.set_result(result)
     # Readied for the next turn once this answer is out: the fast lane writes it before the loop runs callbacks.
     asyncio.get_running_loop().call_soon(rollout.trajectory.prepare_next, plan.branch, request.tools)
@@ -247,6 +255,10 @@ def _record(
         completion_tokens=len(generation.token_ids),
         logprobs=logprobs,
     )
+
+
+def _stopped(hit: StopHit) -> PolicyStopped:
+    return PolicyStopped(f"the rollout was stopped by rule {hit.rule!r}: its call to {hit.tool} is not run")
 
 
 def _consume_exception(future: asyncio.Future) -> None:
