@@ -42,7 +42,7 @@ from interceptor.store.records import Failure, RolloutRecord
 from agents.answer_command import answer_command
 from agents.errors import AgentConfigError, AgentError
 from agents.graders import GRADER_PATHS, Grade, GraderFailed, grade_box
-from agents.grading.fresh import Captured, baseline, capture, grade_fresh, tampering_event
+from agents.grading.fresh import Captured, baseline, capture, grade_fresh, graded_fresh, tampering_event
 from agents.sandbox.backends import CHOICES, BoxChooser, Placement
 from agents.sandbox.base import RunLimits, RunResult, Sandbox
 from agents.sandbox.breaker import BreakerConfig, CircuitBreaker
@@ -173,7 +173,7 @@ class Runner:
 
     async def _attempt(self, task: Task, handle) -> tuple[float, str]:
         rollout = self.server.rollout(handle.id)
-        fresh = task.grading.where == "fresh" and task.grader.kind != "answer"  # an answer is graded on its own
+        fresh = graded_fresh(task)
         captured = await self._run_agent(task, handle, rollout, fresh=fresh)
         if isinstance(captured, Grade):
             return captured.reward, captured.detail
@@ -232,6 +232,8 @@ class Runner:
                 return Grade(0.0, message)
             for limit, count in result.limits_hit:  # each limit the run ran into is an event of the rollout
                 rollout.note("limit_hit", limit=limit, count=count)
+            for host, port, reason in result.egress_refused:  # each connection the box's proxy turned away
+                rollout.note("egress_refused", host=host, port=port, reason=reason)
             _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
             try:
                 if base is not None:
@@ -249,7 +251,7 @@ class Runner:
         """The kind of sandbox a task runs in (the pool's key) and how to make one (None: the default kind)."""
         if self._boxes is None:
             return ("custom",), self.config.sandbox
-        return self._boxes(task.image, task.network) if task is not None else self._boxes()
+        return self._boxes(task.image, task.network, task.egress) if task is not None else self._boxes()
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         try:

@@ -10,6 +10,7 @@ A task file is JSON Lines, one task per line:
      "limits": {"wall_s": 300, "idle_s": 120},                            (optional)
      "network": "model",                        (optional: "model", the default, reaches only the model endpoint;
                                                  "open" shares the host's network, e.g. for a set-up that installs)
+     "egress": ["pypi.internal:443"],           (optional, with "model": what else the box reaches, by its proxy)
      "image": "name:tag",                       (optional: run the rollout in a container of this image)
      "grader": {"kind": "answer", "expected": "5", "match": "numeric"},
      "grading": {"where": "fresh", "allow": [], "refuse": [], "tampering": "honest", "stopped": "zero"},
@@ -32,6 +33,11 @@ let some through or refuse more); each refused change is a `tampering` event, an
 the rest (`"tampering": "zero"`: 0 for a rollout that tampered). `"where": "in_place"` grades in the agent's own box
 after it exits, as the graders' own tests do: what it left behind then takes part.
 
+Egress (`agents.sandbox.egress`): the hosts and ports (`host:port`, `host` for 80 and 443, `*.suffix:port`) a box
+on the model-only network also reaches, through an HTTP proxy its programs find in HTTP_PROXY / HTTPS_PROXY; every
+other destination is refused, each refusal an `egress_refused` event with its destination. Needs an isolating
+sandbox (namespace or Docker).
+
 Stop rules: a tool call the policy samples that matches one (a regular expression over its arguments' strings and
 the tool's name, for the listed tools or all) is recorded as sampled, and the agent never gets it: the rollout stops
 with a `policy_stop` event naming the rule, graded 0 (`grading.stopped: "zero"`) or failed with cause `policy_stop`
@@ -46,6 +52,8 @@ from typing import Literal, get_args
 
 import orjson
 
+from agents.errors import AgentConfigError
+from agents.sandbox.egress import EgressPolicy
 from interceptor.errors import BadRequest
 from interceptor.gate.stop_rules import parse_stop_rules
 
@@ -137,6 +145,7 @@ class Task:
     limits: Limits = field(default_factory=Limits)
     image: str | None = None  # run the rollout in a container of this image (the runner picks DockerSandbox)
     network: Literal["model", "open"] = "model"  # model: only the model endpoint; open: the host's network
+    egress: tuple[str, ...] = ()  # with "model": destinations also reached, through the box's proxy
     grading: Grading = field(default_factory=Grading)
     # the gate stops the rollout before its agent runs a sampled tool call one of these matches
     # ({"name", "pattern", "tools"?}: `interceptor.gate.stop_rules`)
@@ -147,6 +156,12 @@ class Task:
             raise TaskError("a task needs an id and an instruction")
         if self.network not in ("model", "open"):
             raise TaskError(f"task {self.id}: network must be 'model' or 'open', not {self.network!r}")
+        if self.egress and self.network == "open":
+            raise TaskError(f"task {self.id}: egress narrows the model-only network; an open one reaches everything")
+        try:
+            EgressPolicy.parse(self.egress)
+        except AgentConfigError as exc:
+            raise TaskError(f"task {self.id}: {exc}") from exc
         try:
             parse_stop_rules(list(self.stop_rules))
         except BadRequest as exc:
@@ -158,8 +173,8 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict, *, base_dir: Path) -> Task:
-        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network", "grading",
-                 "stop_rules"}
+        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network", "egress",
+                 "grading", "stop_rules"}
         unknown = set(data) - known
         if unknown:
             raise TaskError(f"unknown task fields {sorted(unknown)}")
@@ -186,11 +201,18 @@ class Task:
                 limits=Limits(**(data.get("limits") or {})),
                 image=data.get("image"),
                 network=data.get("network", "model"),
+                egress=_strings(data.get("egress") or [], "egress"),
                 grading=Grading(**grading),
                 stop_rules=tuple(data.get("stop_rules") or ()),
             )
         except TypeError as exc:  # unknown keys inside grader, limits or grading
             raise TaskError(str(exc)) from exc
+
+
+def _strings(value: object, name: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TaskError(f"{name} is a list of strings")
+    return tuple(value)
 
 
 def load_tasks(path: Path | str) -> list[Task]:

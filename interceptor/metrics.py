@@ -2,7 +2,8 @@
 
 Counted as they happen: chat calls answered (by mode and dialect), prompt and sampled tokens, the upstream time of
 each generation (a histogram per policy replica), finished rollouts by status and failure cause (infrastructure
-faults are causes, never rewards). Read when scraped: live rollouts, requests in flight, whether weights are being
+faults are causes, never rewards), changes refused before grading and limits boxes ran into (egress refusals
+among them). Read when scraped: live rollouts, requests in flight, whether weights are being
 swapped (turns held), the policy version, and per replica its health, pinned rollouts and requests in flight.
 Training curves stay with trackio (`interceptor train`); this is for watching a running server.
 
@@ -40,14 +41,19 @@ class ServerMetrics:
                                          ["status", "cause"], registry=self.registry)
         self.tampering = Counter("interceptor_tampering", "Changes of agents refused before grading, by kind.",
                                  ["kind"], registry=self.registry)
+        self.limits_hit = Counter("interceptor_limits_hit", "What boxes ran into: refused forks, connections, egress.",
+                                  ["limit"], registry=self.registry)
         self.registry.register(_State(server))
 
     def observe_events(self, events: list[dict]) -> None:
-        """A finished rollout's events: its refused changes (`tampering`), counted by kind."""
+        """A finished rollout's events: its refused changes (`tampering`) by kind, the limits its box ran into
+        (`limit_hit`: memory, pids, disk, connections, egress) by limit."""
         for event in events:
             if event.get("kind") == "tampering":
                 for kind, count in (event.get("counts") or {}).items():
                     self.tampering.labels(kind).inc(count)
+            elif event.get("kind") == "limit_hit" and isinstance(event.get("count"), int):
+                self.limits_hit.labels(str(event.get("limit"))).inc(event["count"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

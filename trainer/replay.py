@@ -135,6 +135,7 @@ async def _replay(args: argparse.Namespace) -> int:
     task_id = record.metadata.get("task_id")
     if task_id not in tasks:
         raise ValueError(f"the rollout's task {task_id!r} is not in {args.tasks}")
+    _check_sandbox(args.sandbox, None, [tasks[task_id]])
     args.agent = args.agent or record.metadata.get("agent")
     if not args.agent:
         raise ValueError("the record does not name its agent: give --agent")

@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from agents.errors import AgentConfigError
@@ -24,7 +25,7 @@ from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.pool import PoolConfig
 from agents.specs.registry import AgentSettings, build_agent
 from agents.specs.spec import AgentSpec
-from agents.tasks import load_tasks
+from agents.tasks import Task, load_tasks
 from interceptor.config import SamplingSettings
 from interceptor.store.records import RolloutRecord
 
@@ -51,16 +52,24 @@ def _resources(args: argparse.Namespace) -> ResourceLimits | None:
     return limits if limits.any else None
 
 
-def _check_sandbox(choice: str, resources: ResourceLimits | None = None) -> None:
-    """A backend this machine lacks, or limits on one that cannot hold them, refused before anything starts (by the
-    runner's own rules: `agents.sandbox.backends.BoxChooser`; under `auto` the runner chooses when it starts)."""
+def _check_sandbox(choice: str, resources: ResourceLimits | None = None, tasks: Sequence[Task] = ()) -> None:
+    """A backend this machine lacks, limits on one that cannot hold them, or a task's egress list on one that cannot
+    enforce it, refused before anything starts (by the runner's own rules: `agents.sandbox.backends.BoxChooser`;
+    under `auto` the runner chooses when it starts, and for the tasks with an egress list here)."""
     from agents.sandbox.backends import BoxChooser, Placement
 
-    if choice != "auto":
+    narrowed = [task for task in tasks if task.egress]
+    if choice == "auto" and not narrowed:
+        return
+    try:
+        choose = BoxChooser(choice, Placement(resources=resources))
+    except AgentConfigError as exc:
+        raise SystemExit(f"--sandbox: {exc}") from None
+    for task in narrowed:
         try:
-            BoxChooser(choice, Placement(resources=resources))
+            choose(task.image, task.network, task.egress)
         except AgentConfigError as exc:
-            raise SystemExit(f"--sandbox: {exc}") from None
+            raise SystemExit(f"task {task.id}: {exc}") from None
 
 
 def progress_printer(total: int):
@@ -116,6 +125,7 @@ async def run(args: argparse.Namespace) -> int:
         tasks = load_swe_tasks(args.tasks, repos=args.swe_repos)
     else:
         tasks = load_tasks(args.tasks)
+    _check_sandbox(args.sandbox, resources, tasks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "rollouts.jsonl"

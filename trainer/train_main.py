@@ -213,6 +213,7 @@ async def train(config: TrainConfig) -> TrainResult:
     from trainer.rl.trl_compat import apply_trl_compat, resolve_attention
     from trainer.rl.weight_sync import GatedTransfer
     from trainer.rl.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
+    from trainer.run_main import _check_sandbox
 
     started = time.perf_counter()
     on_cpu = not torch.cuda.is_available()
@@ -224,6 +225,7 @@ async def train(config: TrainConfig) -> TrainResult:
     metrics_path = config.out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
     tasks = load_tasks(config.tasks)
+    _check_sandbox("auto", None, tasks)  # a task's egress list this machine cannot enforce, refused before a step
     loop = asyncio.get_running_loop()
     stack_config = StackConfig(upstream=config.upstreams,
                                model=config.model, record_path=config.out / "rollouts.jsonl", seed=config.seed,

@@ -29,7 +29,7 @@ from agents.sandbox.contract import Sandbox
 from agents.tasks import Task
 from agents.workspace import SetupFailed, prepare_workspace
 
-__all__ = ["Captured", "baseline", "capture", "grade_fresh", "tampering_event"]
+__all__ = ["Captured", "baseline", "capture", "grade_fresh", "graded_fresh", "tampering_event"]
 
 _EVENT_PATHS = 50  # refused changes listed in one `tampering` event (all are counted)
 
@@ -42,6 +42,11 @@ class Captured:
     refused: tuple[Refusal, ...]
     changed_bytes: int  # the allowed files' bytes
     too_large: bool  # past the task's `grading.max_change_bytes`: nothing is carried
+
+
+def graded_fresh(task: Task) -> bool:
+    """Graded from its changes in a fresh box (an answer is graded on its own, wherever)."""
+    return task.grading.where == "fresh" and task.grader.kind != "answer"
 
 
 async def baseline(box: Sandbox) -> dict[str, Entry]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from agents.errors import AgentConfigError
 from agents.sandbox.base import LocalSandbox, Sandbox
 from agents.sandbox.cgroups import ResourceLimits
+from agents.sandbox.egress import EgressPolicy
 from agents.sandbox.namespace import NamespaceSandbox, namespaces_unavailable
 
 __all__ = ["BACKENDS", "CHOICES", "Backend", "BoxChooser", "Placement"]
@@ -54,33 +55,37 @@ class Backend:
     name: str
     isolating: bool  # its own namespaces or container, an allow-list of the host, resource limits
     unavailable: Callable[[], str | None]  # why it cannot run on this machine, or None
-    make: Callable[[Placement, str | None, str], Sandbox]  # (placement, image, network) -> a new box
+    # (placement, image, network, egress) -> a new box; egress: destinations besides the model (`agents.sandbox.egress`)
+    make: Callable[[Placement, str | None, str, tuple[str, ...]], Sandbox]
 
 
-def _local(placement: Placement, image: str | None, network: str) -> Sandbox:
+def _local(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
+    if egress:
+        raise AgentConfigError("an egress list needs an isolating sandbox: with no isolation the box reaches anything")
     return LocalSandbox()  # shares everything with the host, network included
 
 
-def _namespace(placement: Placement, image: str | None, network: str) -> Sandbox:
+def _namespace(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
     return NamespaceSandbox(endpoint=placement.endpoint, hidden=placement.hidden, resources=placement.resources,
-                            network=network, warm_paths=placement.warm_paths())
+                            network=network, warm_paths=placement.warm_paths(), egress=EgressPolicy.parse(egress))
 
 
-def _docker(placement: Placement, image: str | None, network: str) -> Sandbox:
+def _docker(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
     from agents.sandbox.docker import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
 
     if image is None:
         raise AgentConfigError("the docker backend runs tasks that name an image")
     return DockerSandbox(image=image, network=network, endpoint=placement.endpoint, limits=placement.resources,
-                         warm_paths=placement.warm_paths())
+                         warm_paths=placement.warm_paths(), egress=EgressPolicy.parse(egress))
 
 
-def _docker_remote(placement: Placement, image: str | None, network: str) -> Sandbox:
+def _docker_remote(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
     from agents.sandbox.docker.remote import RemoteDockerSandbox  # noqa: PLC0415
 
     if image is None:
         raise AgentConfigError("the docker-remote backend runs tasks that name an image")
-    return RemoteDockerSandbox(image=image, network=network, endpoint=placement.endpoint, limits=placement.resources)
+    return RemoteDockerSandbox(image=image, network=network, endpoint=placement.endpoint, limits=placement.resources,
+                               egress=EgressPolicy.parse(egress))
 
 
 def _daemon_elsewhere() -> bool:
@@ -104,8 +109,8 @@ CHOICES = ("auto", "namespace", "local")  # `--sandbox`; Docker is chosen by a t
 
 
 class BoxChooser:
-    """The backend of each task, for one runner: `chooser(image, network)` gives the pool's key for that kind of box
-    and how to make one. Made once, so a refused choice is refused before any rollout starts."""
+    """The backend of each task, for one runner: `chooser(image, network, egress)` gives the pool's key for that kind
+    of box and how to make one. Made once, so a refused choice is refused before any rollout starts."""
 
     def __init__(self, choice: str, placement: Placement) -> None:
         if choice not in CHOICES:
@@ -129,9 +134,14 @@ class BoxChooser:
         self.placement = placement
         self.default = default  # the backend of every task, but a task's with an image under auto
 
-    def __call__(self, image: str | None = None, network: str = "model") -> tuple[Hashable, Callable[[], Sandbox]]:
+    def __call__(
+        self, image: str | None = None, network: str = "model", egress: tuple[str, ...] = ()
+    ) -> tuple[Hashable, Callable[[], Sandbox]]:
         if image is not None and self.choice == "auto":
             backend = DOCKER_REMOTE if _daemon_elsewhere() else DOCKER
         else:
             backend, image = self.default, None
-        return (backend.name, image, network), functools.partial(backend.make, self.placement, image, network)
+        if egress and not backend.isolating:
+            raise AgentConfigError(f"a task with an egress list needs an isolating sandbox, not {backend.name}")
+        key = (backend.name, image, network, *((egress,) if egress else ()))
+        return key, functools.partial(backend.make, self.placement, image, network, tuple(egress))

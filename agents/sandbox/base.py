@@ -169,6 +169,7 @@ class LocalSandbox:
         program = self._program(launch, env)
         if program is None:
             return RunResult(outcome="spawn_failed", reason=f"{launch.argv[0]}: not found or not executable")
+        egress_mark = (self._egress_count(), len(self._egress_refusals()))
         begun = await self._take_spare(launch)
         if begun is not None and not await hand_launch(begun, program, self._launch_env(launch, env), launch,
                                                         inherit=self._inherited):
@@ -189,6 +190,9 @@ class LocalSandbox:
                 # Shielded: a cancelled run still releases what it held (a container is removed even then).
                 await asyncio.shield(begun.held.aclose())
         hits = {**begun.limits_hit, **run.limits_hit}
+        if refused := self._egress_count() - egress_mark[0]:
+            hits["egress"] = refused
+        egress_refused = tuple((r.host, r.port, r.reason) for r in self._egress_refusals()[egress_mark[1]:])
         if self._keep_warm and self._root is not None:
             self._warming = asyncio.create_task(self.warm())
         stdout, stderr = run.stdout, run.stderr
@@ -205,6 +209,7 @@ class LocalSandbox:
             stderr_dropped=stderr.dropped,
             seconds=time.monotonic() - started,
             limits_hit=tuple(sorted(hits.items())),
+            egress_refused=egress_refused,
         )
 
     async def exec(
@@ -241,6 +246,14 @@ class LocalSandbox:
     def _agent_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
         """The agent's environment as it must be inside (a backend rewrites its endpoint's address)."""
         return env
+
+    def _egress_count(self) -> int:
+        """Connections the box's egress proxy refused so far (none here: the host's network is the box's)."""
+        return 0
+
+    def _egress_refusals(self) -> list:
+        """The first of them, each an `agents.sandbox.egress.Refusal`, in order."""
+        return []
 
     def _launch_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
         """The whole environment a warm spare's agent gets (it replaces the spare's own)."""

@@ -2,7 +2,8 @@
 
 `BridgedSandbox` keeps the sandbox's host-side bridges (one per endpoint, open until the sandbox closes), decides
 which endpoint a launch is forwarded to (`endpoint=`, else the launch's OPENAI_BASE_URL; none with an open
-network), and rewrites that base URL to the loopback address the bridge listens on inside.
+network), and rewrites that base URL to the loopback address the bridge listens on inside. A box whose task lists
+egress destinations also gets its proxy (`agents.sandbox.egress`), carried the same way on a port of its own.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from agents.errors import AgentConfigError
 from agents.sandbox import netbridge
+from agents.sandbox.egress import EgressPolicy, EgressProxy, Refusal, proxy_env, proxy_port
 from agents.sandbox.base import LocalSandbox, LocalSandboxConfig
 from agents.specs.spec import AgentLaunch
 
@@ -19,14 +21,19 @@ __all__ = ["BridgedSandbox"]
 
 class BridgedSandbox(LocalSandbox):
     def __init__(
-        self, config: LocalSandboxConfig | None, *, endpoint: tuple[str, int] | None, network: str
+        self, config: LocalSandboxConfig | None, *, endpoint: tuple[str, int] | None, network: str,
+        egress: EgressPolicy | None = None,
     ) -> None:
         if network not in ("model", "open"):
             raise AgentConfigError(f"network must be 'model' or 'open', not {network!r}")
+        if egress and network == "open":
+            raise AgentConfigError("an egress list narrows the model-only network; an open one reaches everything")
         super().__init__(config)
         self.endpoint = endpoint
         self.network = network  # open: the host's network, for a task that says so
+        self.egress = egress or None  # the destinations its proxy lets through; None: no proxy
         self._bridges: netbridge.BridgeSet | None = None
+        self._proxy: EgressProxy | None = None
         self.warm_paths: tuple[Path, ...] = ()  # host paths a warm spare is made to see besides the backend's own
 
     def _open_bridges(self) -> None:
@@ -38,7 +45,28 @@ class BridgedSandbox(LocalSandbox):
         bridges, self._bridges = self._bridges, None
         if bridges is not None:
             await bridges.aclose()
+        proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            await proxy.__aexit__(None, None, None)
         await super().__aexit__(*exc_info)
+
+    async def _egress_bridge(self, launch: AgentLaunch) -> tuple[int | None, str | None]:
+        """(port inside, host socket) of the box's egress proxy; (None, None) without an egress list."""
+        if self.egress is None:
+            return None, None
+        if self._proxy is None:
+            assert self._bridges is not None, "the sandbox is not entered"
+            proxy = EgressProxy(self.root / "egress.sock", self.egress)
+            await proxy.__aenter__()
+            self._proxy = proxy
+        endpoint = self._endpoint(launch)
+        return proxy_port(endpoint[1] if endpoint else None), str(self._proxy.path)
+
+    def _egress_count(self) -> int:
+        return self._proxy.refused if self._proxy is not None else 0
+
+    def _egress_refusals(self) -> list[Refusal]:
+        return self._proxy.refusals if self._proxy is not None else []
 
     def _refused(self) -> int:
         """Connections this sandbox's bridges have turned away so far (past their cap)."""
@@ -76,6 +104,9 @@ class BridgedSandbox(LocalSandbox):
         raise NotImplementedError
 
     def _agent_env(self, launch: AgentLaunch, env: dict[str, str]) -> dict[str, str]:
-        if self._endpoint(launch) is not None and "OPENAI_BASE_URL" in env:
-            return {**env, "OPENAI_BASE_URL": netbridge.on_loopback(env["OPENAI_BASE_URL"])}
+        endpoint = self._endpoint(launch)
+        if endpoint is not None and "OPENAI_BASE_URL" in env:
+            env = {**env, "OPENAI_BASE_URL": netbridge.on_loopback(env["OPENAI_BASE_URL"])}
+        if self.egress is not None:
+            env = {**env, **proxy_env(proxy_port(endpoint[1] if endpoint else None))}
         return env

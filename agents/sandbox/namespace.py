@@ -62,6 +62,7 @@ from agents.errors import AgentConfigError, AgentError
 from agents.sandbox import netbridge, proctree
 from agents.sandbox.base import LocalSandboxConfig
 from agents.sandbox.bridged import BridgedSandbox
+from agents.sandbox.egress import EgressPolicy
 from agents.sandbox.cgroups import DEFAULT_LIMITS, Cgroup, ResourceLimits, cgroups_unavailable
 from agents.specs.spec import AgentLaunch
 
@@ -111,21 +112,25 @@ class NamespaceSandbox(BridgedSandbox):
         network: str = "model",
         resources: ResourceLimits | None = None,
         warm_paths: tuple[Path, ...] = (),
+        egress: EgressPolicy | None = None,
     ) -> None:
         """`hidden`: host directories the agent must not see even where one lies inside an allowed path (a record
         directory inside the interpreter's tree), each replaced by an empty tmpfs. `network`: "model" (loopback and
         the model endpoint only) or "open" (the host's network: a task that says so, e.g. one whose set-up installs
-        packages). `resources`: memory, pids and CPU limits of each run (a cgroup of its own, `agents.sandbox.cgroups`);
-        None: `DEFAULT_LIMITS` where this machine can set them; `ResourceLimits()`: none. Limits asked for
-        explicitly that this machine cannot set are refused, never dropped. `warm_paths`: host paths a warm spare
-        binds besides the allow-list (the programs agents run from), so that their launches start warm."""
+        packages). `egress`: destinations the model-only network reaches besides the model, through the box's proxy
+        (`agents.sandbox.egress`). `resources`: memory, pids and CPU limits of each run (a cgroup of its own,
+        `agents.sandbox.cgroups`); None: `DEFAULT_LIMITS` where this machine can set them; `ResourceLimits()`: none.
+        Limits asked for explicitly that this machine cannot set are refused, never dropped. `warm_paths`: host paths
+        a warm spare binds besides the allow-list (the programs agents run from), so that their launches start
+        warm."""
         self.resources = _resources(resources)
         config = config or LocalSandboxConfig()
         parent = (config.parent_dir or default_parent_dir()).resolve()
         for needed in (Path(sys.executable).resolve(), _BRIDGE.resolve(), Path(proctree.__file__).resolve()):
             if needed.is_relative_to(parent):
                 raise AgentConfigError(f"parent_dir {parent} would hide {needed} from the sandbox: use a dedicated one")
-        super().__init__(dataclasses.replace(config, parent_dir=parent), endpoint=endpoint, network=network)
+        super().__init__(dataclasses.replace(config, parent_dir=parent), endpoint=endpoint, network=network,
+                         egress=egress)  # fmt: skip
         self.bwrap = bwrap
         self.warm_paths = tuple(Path(p).resolve() for p in warm_paths)  # read by `BridgedSandbox._template`
         needed = _runs_from()
@@ -149,10 +154,11 @@ class NamespaceSandbox(BridgedSandbox):
     @contextlib.asynccontextmanager
     async def _hold(self, launch: AgentLaunch, hits: dict[str, int]) -> AsyncIterator[_Held]:
         port, socket = await self._bridge(launch)
+        proxy_port, proxy_socket = await self._egress_bridge(launch)
         cgroup = await asyncio.to_thread(Cgroup.create, self.resources) if self.resources is not None else None
         refused = self._refused()
         try:
-            yield _Held(port=port, socket=socket, cgroup=cgroup)
+            yield _Held(port=port, socket=socket, proxy_port=proxy_port, proxy_socket=proxy_socket, cgroup=cgroup)
         finally:
             if refused_now := self._refused() - refused:
                 hits["connections"] = refused_now
@@ -213,6 +219,9 @@ class NamespaceSandbox(BridgedSandbox):
         ]  # fmt: skip
         if held.port is not None:
             command += [sys.executable, "-I", str(_BRIDGE), "--port", str(held.port), "--unix", str(held.socket), "--"]
+        if held.proxy_port is not None:  # the egress proxy: a second bridge, on its own port
+            command += [sys.executable, "-I", str(_BRIDGE), "--port", str(held.proxy_port), "--unix",
+                        str(held.proxy_socket), "--"]  # fmt: skip
         command = [*command, *argv]
         if held.cgroup is not None:  # bwrap and everything it starts run in the run's cgroup
             command = held.cgroup.enter_argv(command)
@@ -223,6 +232,8 @@ class NamespaceSandbox(BridgedSandbox):
 class _Held:
     port: int | None  # the model endpoint's port, forwarded inside
     socket: str | None  # the host half of its bridge
+    proxy_port: int | None  # the egress proxy's port inside; None: no egress list
+    proxy_socket: str | None  # its host half
     cgroup: Cgroup | None
 
 

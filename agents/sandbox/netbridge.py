@@ -36,7 +36,7 @@ import sys
 from urllib.parse import urlsplit, urlunsplit
 from pathlib import Path
 
-__all__ = ["BridgeSet", "UnixBridge", "endpoint_of", "host_target", "main", "on_loopback"]
+__all__ = ["BridgeSet", "UnixBridge", "endpoint_of", "host_target", "main", "on_loopback", "splice"]
 
 _CHUNK = 64 * 1024
 _CONNECT_S = 10.0  # to the endpoint; a connection the server does not take by then is dropped (the agent retries)
@@ -151,7 +151,7 @@ class UnixBridge:
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-async def _splice(a: _Stream, b: _Stream) -> None:
+async def splice(a: _Stream, b: _Stream) -> None:
     """Copy both ways until both directions have ended, then close `b` (the caller owns `a`)."""
     try:
         async with asyncio.TaskGroup() as group:
@@ -312,7 +312,7 @@ async def _forward(sockets: list[socket.socket], unix_path: str) -> None:
             writer.close()
             return
         try:
-            await _splice(host_side, (reader, writer))
+            await splice(host_side, (reader, writer))
         finally:
             host_side[1].close()
 

@@ -62,6 +62,9 @@ class RunResult:
     # Limits the run ran into, by name ("memory", "pids", "disk", "connections"), with how often: each is an event
     # of the rollout; the one that ended the run is also its outcome ("limit").
     limits_hit: tuple[tuple[str, int], ...] = ()
+    # Connections its egress proxy refused, (host, port, why), the first `agents.sandbox.egress.MAX_REFUSALS` of the
+    # box's; all of them are counted in `limits_hit` as "egress".
+    egress_refused: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def ok(self) -> bool:

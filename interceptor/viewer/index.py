@@ -54,6 +54,7 @@ class Row:
     started_at: float
     finished_at: float | None
     tampered: int = 0  # changes refused before grading (its `tampering` events)
+    egress_refused: int = 0  # connections its box's egress proxy refused (its `limit_hit` events for "egress")
 
     @property
     def key(self) -> str:
@@ -70,6 +71,7 @@ class Row:
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "samples": self.samples, "forks": self.forks, "auxiliary": self.auxiliary,
             "started_at": self.started_at, "finished_at": self.finished_at, "tampered": self.tampered,
+            "egress_refused": self.egress_refused,
         }
 
 
@@ -242,4 +244,7 @@ def _row(file: int, offset: int, length: int, record: dict, *, samples: int, aux
         finished_at=float(record["finished_at"]) if record.get("finished_at") is not None else None,
         tampered=sum(int(event.get("total") or 0) for event in record.get("events") or ()
                      if isinstance(event, dict) and event.get("kind") == "tampering"),
+        egress_refused=sum(int(event.get("count") or 0) for event in record.get("events") or ()
+                           if isinstance(event, dict) and event.get("kind") == "limit_hit"
+                           and event.get("limit") == "egress"),
     )

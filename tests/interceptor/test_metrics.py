@@ -64,14 +64,16 @@ async def test_metrics_ask_for_the_admin_token_when_one_is_configured(scripted, 
             assert "interceptor_live_rollouts 0.0" in await response.text()
 
 
-async def test_changes_refused_before_grading_are_counted_by_kind(scripted, tiny_model_dir):
+async def test_changes_refused_before_grading_and_limits_boxes_hit_are_counted_by_kind(scripted, tiny_model_dir):
     config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir)
     async with InterceptionServer(config) as server, aiohttp.ClientSession() as http:
         for counts in ({"test": 2, "shadowing": 1}, {"test": 1}):
             handle = server.open_rollout()
             server.rollout(handle.id).note("tampering", refused=[], counts=counts, total=sum(counts.values()))
+            server.rollout(handle.id).note("limit_hit", limit="egress", count=counts["test"])
             await server.finish_rollout(handle.id, reward=0.0)
         async with http.get(server.url + "/metrics") as response:
             scraped = samples(await response.text())
     assert scraped[("interceptor_tampering_total", (("kind", "test"),))] == 3
     assert scraped[("interceptor_tampering_total", (("kind", "shadowing"),))] == 1
+    assert scraped[("interceptor_limits_hit_total", (("limit", "egress"),))] == 3

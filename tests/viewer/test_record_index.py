@@ -48,17 +48,22 @@ def test_a_row_agrees_with_the_record_it_summarises(tmp_path):
         assert index.read_record(row)["rollout_id"] == record.rollout_id
 
 
-def test_a_row_counts_the_changes_refused_before_grading(tmp_path):
+def test_a_row_counts_the_changes_refused_before_grading_and_the_refused_connections(tmp_path):
     import dataclasses
 
     refused = {"kind": "tampering", "at": 1001.0, "total": 3, "counts": {"test": 2, "shadowing": 1},
                "refused": [{"path": "conftest.py", "kind": "test", "change": "added"}]}
+    egress = [{"kind": "limit_hit", "at": 1000.5, "limit": "egress", "count": 2},
+              {"kind": "limit_hit", "at": 1000.5, "limit": "pids", "count": 7},
+              {"kind": "egress_refused", "at": 1000.5, "host": "example.org", "port": 443, "reason": "not listed"}]
     record = make_record("t", reward=0.0)
-    record = dataclasses.replace(record, events=[*record.events, refused])
+    record = dataclasses.replace(record, events=[*record.events, *egress, refused])
     line = record.to_json()
     slow = summarise_line(0, 0, orjson.dumps(orjson.loads(line), option=orjson.OPT_SORT_KEYS))
     assert summarise_line(0, 0, line).tampered == slow.tampered == 3
-    assert summarise_line(0, 0, make_record("u").to_json()).to_json_dict()["tampered"] == 0
+    assert summarise_line(0, 0, line).egress_refused == slow.egress_refused == 2
+    untouched = summarise_line(0, 0, make_record("u").to_json()).to_json_dict()
+    assert untouched["tampered"] == untouched["egress_refused"] == 0
 
 
 def test_the_fast_summary_and_a_full_parse_give_the_same_row(tmp_path):

@@ -55,6 +55,7 @@ from agents.errors import AgentConfigError
 from agents.sandbox import netbridge, proctree
 from agents.sandbox.base import LocalSandboxConfig
 from agents.sandbox.bridged import BridgedSandbox
+from agents.sandbox.egress import EgressPolicy
 from agents.sandbox.cgroups import DEFAULT_LIMITS, ResourceLimits
 from agents.sandbox.namespace import SandboxUnavailable
 from agents.specs.spec import AgentLaunch
@@ -128,10 +129,11 @@ class DockerSandbox(BridgedSandbox):
         docker: str = "docker",
         network: str = "model",
         warm_paths: Sequence[Path] = (),
+        egress: EgressPolicy | None = None,
     ) -> None:
         if not image:
             raise AgentConfigError("image is empty")
-        super().__init__(config, endpoint=endpoint, network=network)  # open: --network host
+        super().__init__(config, endpoint=endpoint, network=network, egress=egress)  # open: --network host
         self.image = image
         self.mounts = tuple(Path(path).resolve() for path in mounts)
         for path in (*self.mounts, Path(netbridge.__file__)):
@@ -202,7 +204,9 @@ class DockerSandbox(BridgedSandbox):
     async def _container(self, launch: AgentLaunch) -> _Container:
         """The container one run starts: its name, image and model endpoint bridge."""
         port, socket = await self._bridge(launch)
-        return _Container(name=f"interceptor-{secrets.token_hex(8)}", image=self.image, port=port, socket=socket)
+        proxy_port, proxy_socket = await self._egress_bridge(launch)
+        return _Container(name=f"interceptor-{secrets.token_hex(8)}", image=self.image, port=port, socket=socket,
+                          proxy_port=proxy_port, proxy_socket=proxy_socket)  # fmt: skip
 
     def _attached(self, container: _Container) -> contextlib.AbstractAsyncContextManager[object]:
         """What runs beside the container while it runs (nothing here: its bridge's socket is bound in)."""
@@ -237,7 +241,7 @@ class DockerSandbox(BridgedSandbox):
             "--user", f"{os.getuid()}:{os.getgid()}",  # files in the workspace stay the host user's
             "--hostname", "sandbox",
             "--workdir", str(launch.cwd),
-            *self._mount_args(launch, waiting=waiting, bridged=container.port is not None),
+            *self._mount_args(launch, waiting=waiting, bridged=(container.port or container.proxy_port) is not None),
             *_limit_args(self.container_limits),
             *(arg for key in env for arg in ("-e", key)),  # the value from the client's environment, not argv
         ]  # fmt: skip
@@ -247,6 +251,9 @@ class DockerSandbox(BridgedSandbox):
         if container.port is not None:
             command += [self.python, "-I", _BRIDGE_IN_CONTAINER, "--port", str(container.port)]
             command += ["--unix", str(container.socket), "--"]
+        if container.proxy_port is not None:  # the egress proxy: a second bridge, on its own port
+            command += [self.python, "-I", _BRIDGE_IN_CONTAINER, "--port", str(container.proxy_port)]
+            command += ["--unix", str(container.proxy_socket), "--"]
         command += argv
         return command, {**env, **_client_env()}
 
@@ -285,6 +292,9 @@ class _Container:
     port: int | None  # the model endpoint's port, forwarded inside; None: no network at all
     socket: str | None  # the Unix socket its bridge forwards to (the host half's, bound in)
     carried_to: str | None = None  # the host half's socket, where `socket` is the box's own (carried by stdiomux)
+    proxy_port: int | None = None  # the egress proxy's port inside; None: no egress list
+    proxy_socket: str | None = None  # its Unix socket, as `socket`
+    proxy_carried_to: str | None = None  # its host half's, as `carried_to`
 
 
 def _client_env() -> dict[str, str]:

@@ -39,6 +39,7 @@ from agents.errors import AgentError
 from agents.sandbox import netbridge, proctree, stdiomux
 from agents.sandbox.base import LocalSandboxConfig
 from agents.sandbox.docker import files as docker_files
+from agents.sandbox.egress import EgressPolicy
 from agents.sandbox.docker.container import (
     _BRIDGE_IN_CONTAINER,
     _PROCTREE_IN_CONTAINER,
@@ -70,9 +71,10 @@ class RemoteDockerSandbox(DockerSandbox):
         limits: ContainerLimits | None = None,
         docker: str = "docker",
         network: str = "model",
+        egress: EgressPolicy | None = None,
     ) -> None:
         super().__init__(config, image=image, endpoint=endpoint, mounts=mounts, python=python, limits=limits,
-                         docker=docker, network=network)  # fmt: skip
+                         docker=docker, network=network, egress=egress)  # fmt: skip
         self._volume: str | None = None
         self._image_id = ""
         self._layers: dict[str, str] = {}  # key -> tag, made by this sandbox
@@ -138,22 +140,26 @@ class RemoteDockerSandbox(DockerSandbox):
     async def _container(self, launch: AgentLaunch) -> _Container:
         image = await self._layered(self._mounts_for(launch))
         port, host_socket = await self._bridge(launch)
+        proxy_port, proxy_socket = await self._egress_bridge(launch)
         inside = str(self.root / _STATE / "model.sock") if port is not None else None
+        proxy_inside = str(self.root / _STATE / "egress.sock") if proxy_port is not None else None
         return _Container(name=f"interceptor-{secrets.token_hex(8)}", image=image, port=port, socket=inside,
-                          carried_to=host_socket)  # fmt: skip
+                          carried_to=host_socket, proxy_port=proxy_port, proxy_socket=proxy_inside,
+                          proxy_carried_to=proxy_socket)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def _attached(self, container: _Container) -> AsyncIterator[None]:
-        if container.carried_to is None:
-            yield
-            return
-        carrying = asyncio.create_task(self._carry(container.name, container.carried_to))
+        """The box's sockets (its model endpoint's, its egress proxy's) each carried to their host half."""
+        carried = [(inside, host) for inside, host in ((container.socket, container.carried_to),
+                                                        (container.proxy_socket, container.proxy_carried_to))
+                   if inside is not None and host is not None]  # fmt: skip
+        carrying = [asyncio.create_task(self._carry(container.name, inside, host)) for inside, host in carried]
         try:
             yield
         finally:
-            carrying.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await carrying
+            for task in carrying:
+                task.cancel()
+            await asyncio.gather(*carrying, return_exceptions=True)
 
     def _mount_args(self, launch: AgentLaunch, *, waiting: bool, bridged: bool) -> list[str]:
         assert self._volume is not None, "the sandbox is not entered"
@@ -161,11 +167,11 @@ class RemoteDockerSandbox(DockerSandbox):
 
     # ------------------------------------------------------------------------------ the daemon's side
 
-    async def _carry(self, name: str, host_socket: str) -> None:
-        """The box's model socket, served from inside the container and carried to the host bridge, from the moment
+    async def _carry(self, name: str, inside: str, host_socket: str) -> None:
+        """A box's socket (`inside`), served from inside the container and carried to its host half, from the moment
         the container runs until it ends. Before it runs `docker exec` fails at once, and is tried again."""
         command = [self._client(), "exec", "--interactive", "--user", f"{os.getuid()}:{os.getgid()}", name,
-                   self.python, "-I", _MUX_IN_CONTAINER, "--unix", str(self.root / _STATE / "model.sock")]
+                   self.python, "-I", _MUX_IN_CONTAINER, "--unix", inside]
         while True:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

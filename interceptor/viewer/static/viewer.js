@@ -123,7 +123,8 @@ async function loadTable() {
   $("#rollouts tbody").replaceChildren(...data.rows.map((row) => el("tr", { "data-key": row.key, onclick: () => openRollout(row.key) },
     el("td", {}, time(row.started_at)), el("td", {}, row.rollout_id), el("td", {}, row.task), el("td", {}, row.agent),
     el("td", { class: `status-${row.status}` }, row.status), el("td", {}, row.cause || "",
-      row.tampered ? el("span", { class: "bad", title: "changes refused before grading" }, ` tampered ${row.tampered}`) : ""),
+      row.tampered ? el("span", { class: "bad", title: "changes refused before grading" }, ` tampered ${row.tampered}`) : "",
+      row.egress_refused ? el("span", { class: "bad", title: "connections its box's egress proxy refused" }, ` egress ${row.egress_refused}`) : ""),
     el("td", {}, fmt(row.reward, 3)),
     el("td", {}, row.turns), el("td", {}, row.completion_tokens), el("td", {}, row.prompt_tokens), el("td", {}, row.forks))));
   const last = Math.min(state.offset + state.limit, data.total);
@@ -198,6 +199,8 @@ function renderRollout(r) {
       `tampering: ${e.total} changes refused before grading (` +
       Object.entries(e.counts).map(([kind, n]) => `${kind} ${n}`).join(", ") + "): " +
       e.refused.map((c) => `${c.change} ${c.path}`).join(", "))),
+    ...r.events.filter((e) => e.kind === "egress_refused").map((e) => el("div", { class: "bad egress" },
+      `egress refused: ${e.host}:${e.port} (${e.reason})`)),
     el("details", {}, el("summary", {}, `events (${r.events.length})`),
       el("pre", {}, r.events.map((e) => JSON.stringify(e)).join("\n")))].filter(Boolean));
   const messages = [];
