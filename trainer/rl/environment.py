@@ -23,8 +23,10 @@ The contract with TRL (1.16), and the choices made here:
   the model replies without a call, at `max_tool_calling_iterations` (set it to `max_turns`) or at
   `max_completion_length`.
 - The reward is the host grader's (`agents.graders.grade`), computed by the reward function `grader_reward` after
-  generation, for the whole batch at once on the sandboxes' loop (command graders run inside each sandbox, as the
-  runner runs them). An infrastructure failure (the sandbox could not be made or prepared, the grader could not
+  generation, for the whole batch at once on the sandboxes' loop, as the runner grades: from the episode's changes
+  in a fresh box of the task, its own box closed first, changes that alter how it is tested refused
+  (`EpisodeState.tampering`; `agents.grading`), or in its own box where the task says `grading.where: in_place`.
+  An infrastructure failure (the sandbox could not be made or prepared, the grader could not
   decide) is `None`, which TRL turns into NaN and leaves out of the group's baseline: never a reward of 0. There is
   no `get_reward()` (TRL would add it as a second reward source, graded one rollout at a time).
 """
@@ -39,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.errors import AgentError
-from agents.graders import GraderFailed, grade_box
+from agents.graders import Grade, GraderFailed, grade_box
+from agents.grading.fresh import capture, grade_fresh, tampering_event
 from agents.sandbox.base import Sandbox
 from agents.tasks import Task, load_tasks
 
@@ -76,6 +79,7 @@ class EpisodeState:
     answer: str | None
     ended: str | None  # why no more tool calls run, or None while they do
     failure: str | None  # the infrastructure failure that left the episode without a sandbox
+    tampering: dict | None = None  # changes refused before grading: {"refused", "counts", "total"}; None: none
 
 
 _UNGRADED = object()
@@ -93,6 +97,7 @@ class _Episode:
     answer: str | None = None
     ended: str | None = None  # why no more tool calls run
     reward: object = field(default=_UNGRADED)  # float | None once graded
+    tampering: dict | None = None  # the changes refused before grading (`agents.grading.fresh.tampering_event`)
 
 
 class TaskEnvironment:
@@ -127,7 +132,8 @@ class TaskEnvironment:
         if episode is None:
             return None
         return EpisodeState(task_id=episode.task.id, calls=tuple(episode.calls), answered=episode.answered,
-                            answer=episode.answer, ended=episode.ended, failure=episode.failure)
+                            answer=episode.answer, ended=episode.ended, failure=episode.failure,
+                            tampering=episode.tampering)  # fmt: skip
 
     @tool
     def bash(self, command: str) -> str:
@@ -236,14 +242,29 @@ class TaskEnvironment:
         if episode is None or episode.opened is None:
             return None
         if episode.reward is _UNGRADED:
-            box = episode.opened.box
             try:
-                graded = await grade_box(episode.task, box, answer=episode.answer, answered=episode.answered)
+                graded = await self._graded(episode)
                 episode.reward = graded.reward
             except (GraderFailed, AgentError) as exc:
                 log.warning("task %s: the grader failed (its reward is None): %s", episode.task.id, exc)
                 episode.reward = None
         return episode.reward
+
+    async def _graded(self, episode: _Episode) -> Grade:
+        """In the episode's own box (`grading.where: in_place`, or an answer), else from its changes in a fresh box
+        of the task, the episode's box closed first (nothing it left running touches the grade)."""
+        opened, task, host = episode.opened, episode.task, self._host
+        assert opened is not None and host is not None
+        if opened.base is None:
+            return await grade_box(task, opened.box, answer=episode.answer, answered=episode.answered)
+        captured = await capture(task, opened.box, opened.base)
+        await host.release(opened)
+        if captured.refused:
+            episode.tampering = tampering_event(captured.refused)
+            log.warning("task %s: %d changes refused before grading (%s)", task.id, len(captured.refused),
+                        ", ".join(f"{kind} {n}" for kind, n in episode.tampering["counts"].items()))
+        return await grade_fresh(task, host.fresh_box(task), captured, answer=episode.answer,
+                                 answered=episode.answered, setup_timeout_s=host.setup_timeout_s)  # fmt: skip
 
     def _release(self) -> None:
         episode, self._episode = self._episode, None

@@ -11,13 +11,16 @@ runs in the trainer, so the sandbox reaches nothing): a task with an `image` run
 `NamespaceSandbox` without network (the host's network when the task says `"network": "open"`) where bubblewrap
 works; else a `LocalSandbox`, with a warning (no isolation). The workspace is prepared as the runner prepares it
 (the task's `workspace` copied, its `files` written, its `setup` run inside the sandbox), and an `answer` command is
-put first on PATH: it records the value in the sandbox's bin directory, where the environment reads it back.
+put first on PATH: it records the value in the sandbox's bin directory, where the environment reads it back. For a
+task graded fresh (`grading.where`, the default) the prepared workspace is remembered (`OpenedSandbox.base`), and
+`fresh_box(task)` makes the boxes it is graded in, as the runner does (`agents.grading.fresh`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import shlex
 import threading
@@ -29,6 +32,8 @@ from typing import Any, TypeVar
 
 from agents.errors import AgentError
 from agents.graders import GRADER_PATHS
+from agents.grading.changes import Entry
+from agents.grading.fresh import baseline, graded_fresh
 from agents.workspace import SetupFailed, prepare_workspace
 from agents.sandbox.backends import BoxChooser, Placement
 from agents.sandbox.base import Sandbox
@@ -56,10 +61,11 @@ class SandboxFailed(Exception):
     """An episode's sandbox could not be made or prepared (an infrastructure fault: its reward is None)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class OpenedSandbox:
     box: Sandbox
     stack: AsyncExitStack  # closing it throws the sandbox away
+    base: dict[str, Entry] | None = None  # the prepared workspace, for a task graded in a fresh box; None: in place
 
     @property
     def answer_path(self) -> Path:
@@ -136,13 +142,18 @@ class SandboxHost:
             except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, image absent)
                 raise SandboxFailed(f"the sandbox could not be made: {exc}") from exc
             await self._prepare_workspace(task, box)
+            base = await baseline(box) if graded_fresh(task) else None
             await box.put_files((_answer_command(box.bin_dir),))
         except BaseException:
             await asyncio.shield(stack.aclose())
             raise
-        opened = OpenedSandbox(box=box, stack=stack)
+        opened = OpenedSandbox(box=box, stack=stack, base=base)
         self._open.add(opened)
         return opened
+
+    def fresh_box(self, task: Task) -> Callable[[], contextlib.AbstractAsyncContextManager[Sandbox]]:
+        """How a box to grade `task` in is made: one of its own kind, from the pool."""
+        return lambda: self._pool.sandbox(*self._sandbox_for(task))
 
     async def release(self, opened: OpenedSandbox) -> None:
         """Throw the sandbox away (its directories and every process it started). Idempotent."""
@@ -179,7 +190,7 @@ class SandboxHost:
         """The kind of sandbox a task runs in (the pool's key) and how to make one."""
         if self._boxes is None:
             return ("custom",), self._sandbox
-        return self._boxes(task.image, task.network)
+        return self._boxes(task.image, task.network, task.egress)
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         try:
