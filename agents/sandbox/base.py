@@ -45,7 +45,7 @@ from agents.sandbox import proctree
 from agents.sandbox.spare import Started, hand_launch, put_away, until_ready
 from agents.sandbox.contract import Sandbox
 from agents.sandbox.supervision import ExecResult, Heartbeat, Outcome, RunLimits, RunResult, Supervised, tree_bytes
-from agents.specs.spec import AgentLaunch, BoxFile, write_box_files
+from agents.specs.spec import AgentLaunch, Bind, BoxFile, write_box_files
 
 __all__ = [
     "ExecResult",
@@ -80,6 +80,7 @@ class LocalSandboxConfig:
 
 class LocalSandbox:
     _inherited: tuple[str, ...] = ()  # variables a warm agent keeps from its spare's environment (the container's)
+    binds_paths = False  # can show a host path at another path in the box (`AgentLaunch.binds`): not without its own
 
     def __init__(self, config: LocalSandboxConfig | None = None) -> None:
         self.config = config or LocalSandboxConfig()
@@ -162,6 +163,9 @@ class LocalSandbox:
         stop: asyncio.Event | None = None,
     ) -> RunResult:
         started = time.monotonic()
+        if launch.binds and not self.binds_paths:
+            raise AgentConfigError(f"{type(self).__name__} cannot show host paths at paths of the box's own: "
+                                   f"{', '.join(bind.target for bind in launch.binds)}")
         await self.put_files(launch.files)
         env = {key: os.environ[key] for key in self.config.passthrough_env if key in os.environ}
         env["PATH"] = os.pathsep.join(filter(None, [str(self.bin_dir), env.get("PATH", os.defpath)]))
@@ -213,13 +217,14 @@ class LocalSandbox:
         )
 
     async def exec(
-        self, command: str, *, timeout_s: float, env: dict[str, str] | None = None, host_paths: tuple[Path, ...] = ()
+        self, command: str, *, timeout_s: float, env: dict[str, str] | None = None, host_paths: tuple[Path, ...] = (),
+        binds: tuple[Bind, ...] = (),
     ) -> ExecResult:
         """Run `sh -c command` in the workspace, inside the sandbox (the same isolation, limits and reaping as the
         agent), with a combined output tail. Set-up and graders use it, so what they run is confined like the
         agent (a grader runs code the agent wrote)."""
         launch = AgentLaunch(argv=("/bin/sh", "-c", f"exec 2>&1; {command}"), env=dict(env or {}), cwd=self.workspace,
-                             host_paths=host_paths)
+                             host_paths=host_paths, binds=binds)
         result = await self.run(launch, limits=RunLimits(wall_s=timeout_s, idle_s=None))
         if result.outcome == "exited":
             return ExecResult(exit_code=result.exit_code, output=result.stdout)

@@ -93,7 +93,7 @@ class BridgedSandbox(LocalSandbox):
     def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
         """The same endpoint, and every host path the launch runs from in the spare's view of the host already
         (a mount namespace or a container cannot take more once started): otherwise the run starts cold."""
-        if self._endpoint(launch) != self._endpoint(made_for):
+        if self._endpoint(launch) != self._endpoint(made_for) or launch.binds != made_for.binds:
             return False
         seen = self._host_view(made_for)
         return all(any(p.is_relative_to(v) for v in seen) or p.is_relative_to(self.root)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol, Self
 
 from agents.sandbox.supervision import ExecResult, RunLimits, RunResult
-from agents.specs.spec import AgentLaunch, BoxFile
+from agents.specs.spec import AgentLaunch, Bind, BoxFile
 
 __all__ = ["Sandbox"]
 
@@ -46,10 +46,12 @@ class Sandbox(Protocol):
     ) -> RunResult: ...
 
     async def exec(
-        self, command: str, *, timeout_s: float, env: dict[str, str] | None = None, host_paths: tuple[Path, ...] = ()
+        self, command: str, *, timeout_s: float, env: dict[str, str] | None = None, host_paths: tuple[Path, ...] = (),
+        binds: tuple[Bind, ...] = (),
     ) -> ExecResult:
         """Run a shell command in the workspace, inside the sandbox, as task set-up and graders do (`host_paths`:
-        what it runs from on the host, for backends that do not share the host's file system)."""
+        what it runs from on the host, for backends that do not share the host's file system; `binds`: host paths
+        shown at other paths in the box, refused by a backend that cannot)."""
         ...
 
     async def put_files(self, files: tuple[BoxFile, ...]) -> None:

@@ -102,6 +102,7 @@ def default_parent_dir() -> Path:
 
 
 class NamespaceSandbox(BridgedSandbox):
+    binds_paths = True
     def __init__(
         self,
         config: LocalSandboxConfig | None = None,
@@ -214,6 +215,8 @@ class NamespaceSandbox(BridgedSandbox):
               for arg in ("--tmpfs", str(path))],  # e.g. a record directory inside an allowed tree
             "--tmpfs", str(parent),  # every rollout's directory hidden (a no-op twice over when under /tmp) ...
             "--bind", str(self.root), str(self.root),  # ... but this one's, writable at the same path
+            *[arg for bind in launch.binds
+              for arg in ("--bind" if bind.writable else "--ro-bind", str(bind.source), bind.target)],
             "--chdir", str(launch.cwd),
             "--",
         ]  # fmt: skip

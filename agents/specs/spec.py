@@ -31,8 +31,8 @@ from typing import Protocol, runtime_checkable
 
 from agents.errors import AgentConfigError
 
-__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "BoxFile", "check_provider", "private_json", "program_paths",
-           "write_box_files", "write_private_json"]
+__all__ = ["AgentLaunch", "AgentRollout", "AgentSpec", "Bind", "BoxFile", "check_provider", "private_json",
+           "program_paths", "write_box_files", "write_private_json"]
 
 # A bearer token's characters (RFC 6750). Anything else could be read as syntax by an agent's config loader:
 # Pi runs a value starting with "!" as a shell command and OpenCode substitutes "{env:...}".
@@ -80,6 +80,23 @@ class BoxFile:
             raise AgentConfigError(f"mode must be permission bits: {oct(self.mode)}")
 
 
+@dataclass(frozen=True)
+class Bind:
+    """A host directory or file shown at a path of the box's own choosing (a task's hidden tests at `/tests` while
+    a verifier runs, a writable `/logs/verifier` it leaves its reward in). Only backends with a file system of their
+    own can (namespace, Docker); the others refuse a launch that asks."""
+
+    source: Path  # on the host, absolute
+    target: str  # in the box, absolute
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.source.is_absolute() or not self.target.startswith("/") or ".." in Path(self.target).parts:
+            raise AgentConfigError(f"a bind joins two absolute paths: {self.source} -> {self.target}")
+        if Path(self.target) in (Path("/"), Path("/proc"), Path("/dev"), Path("/tmp")):
+            raise AgentConfigError(f"a bind cannot replace the box's {self.target}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentLaunch:
     """How to start the agent: what a sandbox needs, and nothing host-specific."""
@@ -93,6 +110,7 @@ class AgentLaunch:
     # Host files and directories the program runs from (its install, its interpreter). A backend that does not
     # share the host's file system (a container) mounts them read-only at the same paths.
     host_paths: tuple[Path, ...] = ()
+    binds: tuple[Bind, ...] = ()  # host paths shown at other paths in the box (set-up and graders ask for them)
 
     def __post_init__(self) -> None:
         if not self.argv:

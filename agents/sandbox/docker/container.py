@@ -55,8 +55,8 @@ from agents.errors import AgentConfigError
 from agents.sandbox import netbridge, proctree
 from agents.sandbox.base import LocalSandboxConfig
 from agents.sandbox.bridged import BridgedSandbox
-from agents.sandbox.egress import EgressPolicy
 from agents.sandbox.cgroups import DEFAULT_LIMITS, ResourceLimits
+from agents.sandbox.egress import EgressPolicy
 from agents.sandbox.namespace import SandboxUnavailable
 from agents.specs.spec import AgentLaunch
 
@@ -116,6 +116,7 @@ def remove_stale_containers(docker: str = "docker") -> list[str]:
 
 
 class DockerSandbox(BridgedSandbox):
+    binds_paths = True
     _inherited = ("HOME", "HOSTNAME")
     def __init__(
         self,
@@ -130,10 +131,17 @@ class DockerSandbox(BridgedSandbox):
         network: str = "model",
         warm_paths: Sequence[Path] = (),
         egress: EgressPolicy | None = None,
+        workdir: str | None = None,
     ) -> None:
+        """`workdir`: where the box's workspace is inside (an image's WORKDIR, e.g. /app, which a task's own files
+        and instruction name): seeded with what the image holds there, bound there, and where every run starts."""
         if not image:
             raise AgentConfigError("image is empty")
+        if workdir is not None and (not workdir.startswith("/") or workdir.rstrip("/") in ("", "/proc", "/dev",
+                                                                                               "/tmp")):
+            raise AgentConfigError(f"workdir must be an absolute path of the box's own, not {workdir!r}")
         super().__init__(config, endpoint=endpoint, network=network, egress=egress)  # open: --network host
+        self.workdir = workdir.rstrip("/") if workdir else None
         self.image = image
         self.mounts = tuple(Path(path).resolve() for path in mounts)
         for path in (*self.mounts, Path(netbridge.__file__)):
@@ -156,7 +164,47 @@ class DockerSandbox(BridgedSandbox):
         entered = await super().__aenter__()
         _check_mountable(self.root)
         self._open_bridges()
+        if self.workdir is not None:
+            try:
+                await self._seed_workspace()
+            except BaseException:
+                await self.__aexit__(None, None, None)
+                raise
         return entered
+
+    async def _seed_workspace(self) -> None:
+        """The image's `workdir` copied into the workspace (a directory the image lacks leaves it empty)."""
+        name = f"interceptor-seed-{secrets.token_hex(8)}"
+        client, env = self._client(), _client_env()
+        created = await asyncio.create_subprocess_exec(
+            client, "create", "--name", name, "--label", f"{LABEL}=1", self.image, "true", env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+        _, err = await created.communicate()
+        if created.returncode != 0:
+            raise SandboxUnavailable(f"image {self.image}: {err.decode().strip()}")
+        try:
+            copied = await asyncio.create_subprocess_exec(
+                client, "cp", f"{name}:{self.workdir}/.", str(self.workspace), env=env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+            _, err = await copied.communicate()
+            if copied.returncode != 0 and b"Could not find the file" not in err:
+                raise SandboxUnavailable(f"the image's {self.workdir} could not be copied out: {err.decode().strip()}")
+        finally:
+            await asyncio.shield(self._remove(name))
+
+    async def warm(self) -> None:
+        """A box with a `workdir` starts every run cold (a spare's shim would start in the host path)."""
+        if self.workdir is None:
+            await super().warm()
+
+    def _fits(self, launch: AgentLaunch, made_for: AgentLaunch) -> bool:
+        return self.workdir is None and super()._fits(launch, made_for)
+
+    def _box_cwd(self, cwd: Path) -> str:
+        """Where a run starts inside: the workspace is at `workdir` when there is one."""
+        if self.workdir is not None and cwd.is_relative_to(self.workspace):
+            return str(Path(self.workdir) / cwd.relative_to(self.workspace))
+        return str(cwd)
 
     @property
     def script_python(self) -> str:
@@ -215,6 +263,8 @@ class DockerSandbox(BridgedSandbox):
     def _mount_args(self, launch: AgentLaunch, *, waiting: bool, bridged: bool) -> list[str]:
         """The rollout's directory bound writable, what the launch runs from read-only, the shim and bridge."""
         args = ["--mount", _bind(self.root, readonly=False)]
+        if self.workdir is not None:
+            args += ["--mount", f"type=bind,src={self.workspace},dst={self.workdir}"]
         args += [arg for path in self._mounts_for(launch) for arg in ("--mount", _bind(path, readonly=True))]
         if waiting:
             shim = Path(proctree.__file__).resolve()
@@ -222,6 +272,10 @@ class DockerSandbox(BridgedSandbox):
         if bridged:
             bridge = Path(netbridge.__file__).resolve()
             args += ["--mount", f"type=bind,src={bridge},dst={_BRIDGE_IN_CONTAINER},readonly"]
+        for bind in launch.binds:
+            _check_mountable(bind.source)
+            _check_mountable(Path(bind.target))
+            args += ["--mount", f"type=bind,src={bind.source},dst={bind.target}" + ("" if bind.writable else ",readonly")]
         return args
 
     def _wrap(
@@ -240,7 +294,7 @@ class DockerSandbox(BridgedSandbox):
             "--security-opt", "no-new-privileges",
             "--user", f"{os.getuid()}:{os.getgid()}",  # files in the workspace stay the host user's
             "--hostname", "sandbox",
-            "--workdir", str(launch.cwd),
+            "--workdir", self._box_cwd(launch.cwd),
             *self._mount_args(launch, waiting=waiting, bridged=(container.port or container.proxy_port) is not None),
             *_limit_args(self.container_limits),
             *(arg for key in env for arg in ("-e", key)),  # the value from the client's environment, not argv

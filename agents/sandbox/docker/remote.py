@@ -60,6 +60,7 @@ _STATE = ".interceptor"  # in the rollout's directory: the box's bridge socket
 
 
 class RemoteDockerSandbox(DockerSandbox):
+    binds_paths = False  # nothing of this host is bound into its boxes
     def __init__(
         self,
         config: LocalSandboxConfig | None = None,
