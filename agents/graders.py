@@ -20,13 +20,15 @@ import secrets
 import shlex
 import signal
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.errors import AgentConfigError
 from agents.grading import pytest_report
 from agents.sandbox.base import ExecResult, Sandbox
-from agents.specs.spec import program_paths
+from agents.specs.spec import Bind, program_paths
 from agents.tasks import Grader, Task
 
 __all__ = ["GRADERS", "GRADER_PATHS", "Grade", "Graded", "GraderFailed", "grade", "grade_box", "runs_from"]
@@ -48,7 +50,10 @@ class Grade:
     detail: str
 
 
-Exec = Callable[[str, float], Awaitable[ExecResult]]  # (shell command, timeout) -> how it ended, in the workspace
+# (shell command, timeout, binds=(), env=None) -> how it ended, in the workspace; `binds` (`agents.specs.spec.Bind`):
+# host paths shown at paths of the box's own while it runs (a Harbor verifier's /tests and /logs/verifier); `env`:
+# variables it gets besides the box's (never in its argv)
+Exec = Callable[..., Awaitable[ExecResult]]
 
 
 async def grade(
@@ -77,9 +82,13 @@ async def grade_box(task: Task, box: Sandbox, *, answer: object, answered: bool,
     and brought back after it (a report it wrote). Where the box shares the host's file system these are nothing."""
     await box.pull_workspace()
 
-    async def run(command: str, timeout_s: float) -> ExecResult:
+    async def run(command: str, timeout_s: float, binds: tuple[Bind, ...] = (),
+                  env: dict[str, str] | None = None) -> ExecResult:
         await box.push_workspace()
-        result = await box.exec(command, timeout_s=timeout_s, host_paths=runs_from(command))
+        try:
+            result = await box.exec(command, timeout_s=timeout_s, host_paths=runs_from(command), binds=binds, env=env)
+        except AgentConfigError as exc:  # a backend that cannot show the binds
+            raise GraderFailed(str(exc)) from exc
         await box.pull_workspace()
         return result
 
@@ -118,10 +127,15 @@ async def _grade_answer(graded: Graded) -> Grade:
     return Grade(1.0 if ok else 0.0, f"submitted {given[:200]!r}, expected {grader.match} {expected!r}")
 
 
-async def _exec_on_host(workspace: Path, command: str, timeout_s: float) -> ExecResult:
+async def _exec_on_host(
+    workspace: Path, command: str, timeout_s: float, binds: tuple[Bind, ...] = (), env: dict[str, str] | None = None
+) -> ExecResult:
+    if binds:
+        raise GraderFailed(f"this grader shows {', '.join(b.target for b in binds)} in a box: it needs one")
     process = await asyncio.create_subprocess_shell(
         command,
         cwd=workspace,
+        env={**os.environ, **env} if env else None,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
@@ -239,6 +253,46 @@ async def _grade_python(graded: Graded) -> Grade:
     return Grade(reward, f"{grader.callable} -> {reward}")
 
 
+async def _grade_harbor(graded: Graded) -> Grade:
+    """A Harbor task's verifier: its `tests/` shown read-only at /tests, a directory of this grading's own at
+    /logs/verifier, `bash /tests/test.sh` run in the workspace, the reward read from what it left there
+    (`reward.json`'s "reward", or its one value; else `reward.txt`). Its exit status is not the grade (Harbor's
+    contract); no reward file, or one that is not a finite number, is a grader failure."""
+    grader = graded.grader
+    assert grader.tests is not None
+    with tempfile.TemporaryDirectory(prefix="interceptor-verifier-") as logs:
+        Path(logs).chmod(0o777)  # the box's user writes it (Harbor's verifier directory is world-writable too)
+        binds = (Bind(grader.tests.resolve(), "/tests"), Bind(Path(logs), "/logs/verifier", writable=True))
+        result = await graded.run("bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1", grader.timeout_s,
+                                  binds, dict(grader.env))  # fmt: skip
+        if result.exit_code is None:
+            what = f"timed out after {grader.timeout_s:g}s" if result.timed_out else f"did not run ({result.reason})"
+            raise GraderFailed(f"the verifier {what}")
+        reward, source = _harbor_reward(Path(logs))
+    return Grade(reward, f"{reward:g} from {source} (test.sh exit {result.exit_code})")
+
+
+def _harbor_reward(logs: Path) -> tuple[float, str]:
+    for name in ("reward.json", "reward.txt"):
+        path = logs / name
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")[:100_000]
+        try:
+            value = json.loads(text) if name == "reward.json" else float(text.strip())
+        except ValueError as exc:
+            raise GraderFailed(f"{name} is not a number: {text[:100]!r}") from exc
+        if isinstance(value, dict):
+            if "reward" not in value and len(value) != 1:
+                raise GraderFailed(f"reward.json names several rewards and none is 'reward': {sorted(value)[:10]}")
+            value = value.get("reward", next(iter(value.values()), None))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise GraderFailed(f"{name} holds {value!r}, not a finite number")
+        return float(value), name
+    raise GraderFailed("the verifier left no reward.json or reward.txt in /logs/verifier")
+
+
 GRADERS: dict[str, Callable[[Graded], Awaitable[Grade]]] = {
     "answer": _grade_answer, "command": _grade_command, "python": _grade_python, "swe": _grade_swe,
+    "harbor": _grade_harbor,
 }  # one per kind of `agents.tasks.GRADER_KINDS`

@@ -13,7 +13,8 @@ __all__ = ["add_run_arguments"]
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", choices=tuple(AGENTS), default="pi")
     parser.add_argument("--command", help="the command agent's command line (reads OPENAI_BASE_URL/OPENAI_API_KEY)")
-    parser.add_argument("--tasks", required=True, help="a JSON Lines task file (or SWE instances, with --swe-repos)")
+    parser.add_argument("--tasks", required=True, help="a JSON Lines task file, a Harbor task directory or a "
+                        "folder of them (or SWE instances, with --swe-repos)")
     parser.add_argument("--swe-repos", help="read --tasks as SWE-Gym/SWE-bench instances; repositories are here, "
                         "as <owner>__<name>/ git repositories (examples/swe_tiny/make_suite.py builds a suite)")
     parser.add_argument("--upstream", default="local",

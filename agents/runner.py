@@ -251,7 +251,7 @@ class Runner:
         """The kind of sandbox a task runs in (the pool's key) and how to make one (None: the default kind)."""
         if self._boxes is None:
             return ("custom",), self.config.sandbox
-        return self._boxes(task.image, task.network, task.egress) if task is not None else self._boxes()
+        return self._boxes(task.image, task.network, task.egress, task.workdir) if task is not None else self._boxes()
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         try:

@@ -12,6 +12,7 @@ A task file is JSON Lines, one task per line:
                                                  "open" shares the host's network, e.g. for a set-up that installs)
      "egress": ["pypi.internal:443"],           (optional, with "model": what else the box reaches, by its proxy)
      "image": "name:tag",                       (optional: run the rollout in a container of this image)
+     "workdir": "/app",                         (optional, with an image: the workspace is there, seeded from it)
      "grader": {"kind": "answer", "expected": "5", "match": "numeric"},
      "grading": {"where": "fresh", "allow": [], "refuse": [], "tampering": "honest", "stopped": "zero"},
      "stop_rules": [{"name": "no-network", "pattern": "\\bcurl\\b", "tools": ["bash"]}]}   (optional)
@@ -23,6 +24,8 @@ Graders (`agents.graders` computes them on the host; the reward never reaches th
   (SWE-Gym style) the command is run with those ids appended and must report every one of them passed (pytest
   `-rA` lines); without them, exit status 0 is reward 1;
 - `python`: `"callable": "package.module:function"`, called as `function(task, answer, workspace) -> float`;
+- `harbor`: a Harbor task's verifier (`agents.harbor` reads Harbor task directories, which
+  `agents.sources.load_tasks` takes besides task files): `tests/test.sh` run with `tests/` at /tests and the reward read from /logs/verifier/reward.{json,txt};
 - `swe`: a SWE-Gym / SWE-bench instance (made by `agents.swe.load_swe_tasks`): after the agent exits, its changes
   to the files the hidden `test_patch` touches are reverted (and reported), the patch is applied, and the
   FAIL_TO_PASS and PASS_TO_PASS tests run; 1.0 only when every one of them passes.
@@ -74,7 +77,7 @@ class Limits:
             raise TaskError("limits must be positive")
 
 
-GraderKind = Literal["answer", "command", "python", "swe"]
+GraderKind = Literal["answer", "command", "python", "swe", "harbor"]
 GRADER_KINDS: tuple[str, ...] = get_args(GraderKind)  # each has its function in `agents.graders.GRADERS`
 
 
@@ -94,6 +97,9 @@ class Grader:
     repo_path: Path | None = None
     base_commit: str | None = None
     test_patch: str | None = None
+    # harbor: the task's verifier directory on the host (shown at /tests only while it runs) and its environment
+    tests: Path | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind == "answer" and self.expected is None:
@@ -107,6 +113,8 @@ class Grader:
         if self.kind == "swe" and not (self.command and self.repo_path and self.base_commit and self.test_patch
                                        and self.fail_to_pass):
             raise TaskError("a swe grader needs command, repo_path, base_commit, test_patch and fail_to_pass")
+        if self.kind == "harbor" and (self.tests is None or not (self.tests / "test.sh").is_file()):
+            raise TaskError(f"a harbor grader needs 'tests', a directory with test.sh, not {self.tests}")
         if self.kind not in GRADER_KINDS:
             raise TaskError(f"unknown grader kind {self.kind!r}: one of {', '.join(GRADER_KINDS)}")
 
@@ -146,6 +154,7 @@ class Task:
     image: str | None = None  # run the rollout in a container of this image (the runner picks DockerSandbox)
     network: Literal["model", "open"] = "model"  # model: only the model endpoint; open: the host's network
     egress: tuple[str, ...] = ()  # with "model": destinations also reached, through the box's proxy
+    workdir: str | None = None  # with an image: where the workspace is in the box (seeded from the image's there)
     grading: Grading = field(default_factory=Grading)
     # the gate stops the rollout before its agent runs a sampled tool call one of these matches
     # ({"name", "pattern", "tools"?}: `interceptor.gate.stop_rules`)
@@ -156,6 +165,8 @@ class Task:
             raise TaskError("a task needs an id and an instruction")
         if self.network not in ("model", "open"):
             raise TaskError(f"task {self.id}: network must be 'model' or 'open', not {self.network!r}")
+        if self.workdir is not None and (self.image is None or not self.workdir.startswith("/")):
+            raise TaskError(f"task {self.id}: a workdir is an absolute path in the task's image")
         if self.egress and self.network == "open":
             raise TaskError(f"task {self.id}: egress narrows the model-only network; an open one reaches everything")
         try:
@@ -173,8 +184,8 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict, *, base_dir: Path) -> Task:
-        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "network", "egress",
-                 "grading", "stop_rules"}
+        known = {"id", "instruction", "grader", "files", "workspace", "setup", "limits", "image", "workdir", "network",
+                 "egress", "grading", "stop_rules"}
         unknown = set(data) - known
         if unknown:
             raise TaskError(f"unknown task fields {sorted(unknown)}")
@@ -183,8 +194,11 @@ class Task:
             grader[key] = tuple(grader.get(key) or ())
         if "expected" in grader and grader["expected"] is not None:
             grader["expected"] = str(grader["expected"])
-        if grader.get("repo_path"):
-            grader["repo_path"] = base_dir / grader["repo_path"]
+        for key in ("repo_path", "tests"):
+            if grader.get(key):
+                grader[key] = base_dir / grader[key]
+        if isinstance(grader.get("env"), dict):
+            grader["env"] = tuple(sorted((str(k), str(v)) for k, v in grader["env"].items()))
         grading = dict(data.get("grading") or {})
         for key in ("allow", "refuse"):
             if not isinstance(grading.get(key, []), list):
@@ -200,6 +214,7 @@ class Task:
                 setup=tuple(data.get("setup") or ()),
                 limits=Limits(**(data.get("limits") or {})),
                 image=data.get("image"),
+                workdir=data.get("workdir"),
                 network=data.get("network", "model"),
                 egress=_strings(data.get("egress") or [], "egress"),
                 grading=Grading(**grading),
@@ -216,6 +231,7 @@ def _strings(value: object, name: str) -> tuple[str, ...]:
 
 
 def load_tasks(path: Path | str) -> list[Task]:
+    """A JSON Lines task file (`agents.sources.load_tasks` also takes a Harbor task directory)."""
     path = Path(path)
     tasks, seen = [], set()
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

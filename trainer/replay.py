@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.runner import Runner, RunnerConfig
+from agents.sources import load_tasks
 from agents.specs.spec import AgentSpec
-from agents.tasks import Task, load_tasks
+from agents.tasks import Task
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from interceptor.store.recorder import read_records
 from interceptor.store.records import RolloutRecord

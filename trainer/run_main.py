@@ -23,9 +23,10 @@ from agents.errors import AgentConfigError
 from agents.runner import RunnerConfig
 from agents.sandbox.cgroups import ResourceLimits
 from agents.sandbox.pool import PoolConfig
+from agents.sources import load_tasks
 from agents.specs.registry import AgentSettings, build_agent
 from agents.specs.spec import AgentSpec
-from agents.tasks import Task, load_tasks
+from agents.tasks import Task
 from interceptor.config import SamplingSettings
 from interceptor.store.records import RolloutRecord
 
@@ -53,21 +54,21 @@ def _resources(args: argparse.Namespace) -> ResourceLimits | None:
 
 
 def _check_sandbox(choice: str, resources: ResourceLimits | None = None, tasks: Sequence[Task] = ()) -> None:
-    """A backend this machine lacks, limits on one that cannot hold them, or a task's egress list on one that cannot
-    enforce it, refused before anything starts (by the runner's own rules: `agents.sandbox.backends.BoxChooser`;
-    under `auto` the runner chooses when it starts, and for the tasks with an egress list here)."""
+    """A backend this machine lacks, limits on one that cannot hold them, or a task's egress list or workdir on one
+    that cannot honour it, refused before anything starts (by the runner's own rules:
+    `agents.sandbox.backends.BoxChooser`; under `auto` the runner chooses when it starts, and for those tasks here)."""
     from agents.sandbox.backends import BoxChooser, Placement
 
-    narrowed = [task for task in tasks if task.egress]
-    if choice == "auto" and not narrowed:
+    particular = [task for task in tasks if task.egress or task.workdir]
+    if choice == "auto" and not particular:
         return
     try:
         choose = BoxChooser(choice, Placement(resources=resources))
     except AgentConfigError as exc:
         raise SystemExit(f"--sandbox: {exc}") from None
-    for task in narrowed:
+    for task in particular:
         try:
-            choose(task.image, task.network, task.egress)
+            choose(task.image, task.network, task.egress, task.workdir)
         except AgentConfigError as exc:
             raise SystemExit(f"task {task.id}: {exc}") from None
 
@@ -97,11 +98,13 @@ def summary_table(records: list[RolloutRecord]) -> str:
     by_task: dict[str, list[RolloutRecord]] = defaultdict(list)
     for record in records:
         by_task[str(record.metadata.get("task_id"))].append(record)
-    lines = [f"{'task':<20} {'rollouts':>8} {'ok':>4} {'failed':>6} {'mean reward':>11} {'turns':>6} {'tokens':>7} {'forks':>5}"]
+    width = max([20, *map(len, by_task)])  # a Harbor task's id is org/name
+    lines = [f"{'task':<{width}} {'rollouts':>8} {'ok':>4} {'failed':>6} {'mean reward':>11} {'turns':>6} "
+             f"{'tokens':>7} {'forks':>5}"]
     for task_id, group in sorted(by_task.items()):
         rewards = [r.reward for r in group if r.reward is not None]
         lines.append(
-            f"{task_id:<20} {len(group):>8} {sum(r.status == 'ok' for r in group):>4} "
+            f"{task_id:<{width}} {len(group):>8} {sum(r.status == 'ok' for r in group):>4} "
             f"{sum(r.status != 'ok' for r in group):>6} "
             f"{(sum(rewards) / len(rewards)) if rewards else float('nan'):>11.3f} "
             f"{sum(len(s.turns) for r in group for s in r.samples):>6} "

@@ -202,7 +202,7 @@ async def train(config: TrainConfig) -> TrainResult:
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from agents.runner import RunnerConfig
-    from agents.tasks import load_tasks
+    from agents.sources import load_tasks
     from interceptor import SamplingSettings
 
     from trainer.policy_stack import PolicyStack, StackConfig

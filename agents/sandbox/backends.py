@@ -55,31 +55,40 @@ class Backend:
     name: str
     isolating: bool  # its own namespaces or container, an allow-list of the host, resource limits
     unavailable: Callable[[], str | None]  # why it cannot run on this machine, or None
-    # (placement, image, network, egress) -> a new box; egress: destinations besides the model (`agents.sandbox.egress`)
-    make: Callable[[Placement, str | None, str, tuple[str, ...]], Sandbox]
+    # (placement, image, network, egress, workdir) -> a new box; egress: destinations besides the model
+    # (`agents.sandbox.egress`); workdir: where the workspace is in the image (`DockerSandbox`)
+    make: Callable[[Placement, str | None, str, tuple[str, ...], str | None], Sandbox]
 
 
-def _local(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
+def _local(
+    placement: Placement, image: str | None, network: str, egress: tuple[str, ...], workdir: str | None
+) -> Sandbox:
     if egress:
         raise AgentConfigError("an egress list needs an isolating sandbox: with no isolation the box reaches anything")
     return LocalSandbox()  # shares everything with the host, network included
 
 
-def _namespace(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
+def _namespace(
+    placement: Placement, image: str | None, network: str, egress: tuple[str, ...], workdir: str | None
+) -> Sandbox:
     return NamespaceSandbox(endpoint=placement.endpoint, hidden=placement.hidden, resources=placement.resources,
                             network=network, warm_paths=placement.warm_paths(), egress=EgressPolicy.parse(egress))
 
 
-def _docker(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
+def _docker(
+    placement: Placement, image: str | None, network: str, egress: tuple[str, ...], workdir: str | None
+) -> Sandbox:
     from agents.sandbox.docker import DockerSandbox  # noqa: PLC0415  (only tasks with an image need Docker)
 
     if image is None:
         raise AgentConfigError("the docker backend runs tasks that name an image")
     return DockerSandbox(image=image, network=network, endpoint=placement.endpoint, limits=placement.resources,
-                         warm_paths=placement.warm_paths(), egress=EgressPolicy.parse(egress))
+                         warm_paths=placement.warm_paths(), egress=EgressPolicy.parse(egress), workdir=workdir)
 
 
-def _docker_remote(placement: Placement, image: str | None, network: str, egress: tuple[str, ...]) -> Sandbox:
+def _docker_remote(
+    placement: Placement, image: str | None, network: str, egress: tuple[str, ...], workdir: str | None
+) -> Sandbox:
     from agents.sandbox.docker.remote import RemoteDockerSandbox  # noqa: PLC0415
 
     if image is None:
@@ -135,7 +144,7 @@ class BoxChooser:
         self.default = default  # the backend of every task, but a task's with an image under auto
 
     def __call__(
-        self, image: str | None = None, network: str = "model", egress: tuple[str, ...] = ()
+        self, image: str | None = None, network: str = "model", egress: tuple[str, ...] = (), workdir: str | None = None
     ) -> tuple[Hashable, Callable[[], Sandbox]]:
         if image is not None and self.choice == "auto":
             backend = DOCKER_REMOTE if _daemon_elsewhere() else DOCKER
@@ -143,5 +152,8 @@ class BoxChooser:
             backend, image = self.default, None
         if egress and not backend.isolating:
             raise AgentConfigError(f"a task with an egress list needs an isolating sandbox, not {backend.name}")
-        key = (backend.name, image, network, *((egress,) if egress else ()))
-        return key, functools.partial(backend.make, self.placement, image, network, tuple(egress))
+        if workdir is not None and backend is not DOCKER:
+            raise AgentConfigError(f"a task with a workdir runs in its image with a local Docker daemon, not in "
+                                   f"{backend.name}: its files are at {workdir} there")
+        key = (backend.name, image, network, *((egress,) if egress else ()), *((workdir,) if workdir else ()))
+        return key, functools.partial(backend.make, self.placement, image, network, tuple(egress), workdir)

@@ -73,7 +73,7 @@ async def evaluate(config, *, tasks: Path, model: Path, label: str, k: int, out:
                    success: float = 1.0) -> dict:
     """Run every held-out task `k` times on `model` and return (and record in `out/eval.json`) its entry."""
     from agents.runner import RunnerConfig
-    from agents.tasks import load_tasks
+    from agents.sources import load_tasks
     from interceptor import SamplingSettings
 
     from trainer.policy_stack import PolicyStack, StackConfig

@@ -44,7 +44,8 @@ from agents.errors import AgentError
 from agents.graders import Grade, GraderFailed, grade_box
 from agents.grading.fresh import capture, grade_fresh, tampering_event
 from agents.sandbox.base import Sandbox
-from agents.tasks import Task, load_tasks
+from agents.sources import load_tasks
+from agents.tasks import Task
 
 from trainer.rl.environment_host import OpenedSandbox, SandboxFailed, SandboxHost
 from trainer.rl.environment_tools import ToolError, bounded, tool, workspace_path

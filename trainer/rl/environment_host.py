@@ -190,7 +190,7 @@ class SandboxHost:
         """The kind of sandbox a task runs in (the pool's key) and how to make one."""
         if self._boxes is None:
             return ("custom",), self._sandbox
-        return self._boxes(task.image, task.network, task.egress)
+        return self._boxes(task.image, task.network, task.egress, task.workdir)
 
     async def _prepare_workspace(self, task: Task, box: Sandbox) -> None:
         try:
