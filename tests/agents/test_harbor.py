@@ -194,3 +194,22 @@ async def test_a_box_without_a_file_system_of_its_own_refuses_binds(tmp_path):
     async with LocalSandbox() as box:
         with pytest.raises(AgentConfigError, match="cannot show host paths"):
             await box.exec("true", timeout_s=10, binds=(Bind(tmp_path, "/tests"),))
+
+
+@docker
+def test_a_trl_environment_runs_a_harbor_task_in_its_workdir_and_grades_with_its_verifier(harbor_tasks):
+    from trainer.rl.environment import TaskEnvironment, grader_reward
+    from trainer.rl.environment_host import SandboxHost
+
+    host = SandboxHost()
+    try:
+        env = TaskEnvironment(list(harbor_tasks.values()), host=host)
+        env.reset(task_id="interceptor/fix-calc")
+        assert env.bash(command="pwd").splitlines()[1] == "/app"
+        assert "return a - b" in env.read_file(path="calc.py")
+        assert grader_reward([env]) == [0.0]
+        env.reset(task_id="interceptor/fix-calc")
+        env.bash(command="sed -i 's/return a - b/return a + b/' calc.py")
+        assert grader_reward([env]) == [1.0]
+    finally:
+        host.close()
