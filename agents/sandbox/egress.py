@@ -11,8 +11,9 @@ test service) lists it, and its box gets an HTTP proxy as its one other way out,
 The host half is the guard. It reads one proxy request per connection: `CONNECT host:port` (a tunnel, for TLS) or
 an absolute-form `GET http://host:port/...` (sent on with its target in origin form and `Connection: close`). A
 destination the policy does not list gets a 403 and is recorded (`refusals`: destination and why), as is one whose
-name resolves to a loopback, link-local or unspecified address that the list does not name literally (a listed
-wildcard cannot be pointed at the host's own services). What passes is spliced both ways as bytes. A program that
+name resolves to an address of this host (loopback, or any of its interfaces': the interception server listens on
+them) or a link-local, unspecified or multicast one, which the list does not name literally (a listed wildcard
+cannot be pointed at the host's own services). What passes is spliced both ways as bytes. A program that
 ignores the proxy variables has no route at all: the box's network fails closed.
 
 Entries: `host:port`, `host` (ports 80 and 443), `*.suffix[:port]` (any name under the suffix, not the suffix
@@ -27,6 +28,8 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from agents.errors import AgentConfigError
 from agents.sandbox.netbridge import splice
@@ -238,8 +241,20 @@ class EgressProxy:
 
 
 def _own(address: str) -> bool:
+    """An address of this host (any of its interfaces', loopback included) or none at all: where the interception
+    server and the host's other services listen."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 (Python 3.11's is_loopback does not say so)
+    if ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast:
+        return True
+    return ip in _host_addresses()
+
+
+def _host_addresses() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {ipaddress.ip_address(address.address.split("%", 1)[0])
+            for addresses in psutil.net_if_addrs().values() for address in addresses if address.family in families}
 
 
 def _request(head: bytes) -> tuple[bytes, str, int, bytes]:

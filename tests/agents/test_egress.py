@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from aiohttp import web
 
@@ -194,13 +195,27 @@ async def test_what_is_not_a_proxy_request_gets_a_400_and_reaches_nothing(servic
         assert proxy.passed == 0 and proxy.refusals == []
 
 
-async def test_a_listed_name_that_resolves_to_this_host_is_refused(service, tmp_path, monkeypatch):
-    """A wildcard the box can point anywhere (or a name rebound to 127.0.0.1) must not reach the host's own
-    services, the interception server's admin routes among them; a loopback address named literally may."""
+def _own_addresses() -> list[str]:
+    """Addresses this host answers on: loopback (also IPv4-mapped) and each interface's first IPv4 address."""
+    found = ["127.0.0.1", "::ffff:127.0.0.1"]
+    for name, addresses in sorted(psutil.net_if_addrs().items()):
+        found += [a.address for a in addresses if a.family == socket.AF_INET and a.address not in found][:1]
+    return found
+
+
+@pytest.mark.parametrize("address", _own_addresses())
+async def test_a_listed_name_that_resolves_to_this_host_is_refused(service, tmp_path, monkeypatch, address):
+    """A wildcard the box can point anywhere (or a name rebound to one of this host's addresses) must not reach the
+    host's own services, the interception server's admin routes among them; a loopback address named literally
+    may."""
     real = socket.getaddrinfo
 
-    def rebound(host, *args, **kwargs):
-        return real("127.0.0.1" if host.endswith("mirror.example.org") else host, *args, **kwargs)
+    def rebound(host, port, *args, **kwargs):
+        if host.endswith("mirror.example.org"):
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            return [(family, socket.SOCK_STREAM, 6, "", (address, port) if family == socket.AF_INET
+                     else (address, port, 0, 0))]
+        return real(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", rebound)
     policy = EgressPolicy.parse([f"*.mirror.example.org:{service.port}", f"localhost:{service.port}"])
