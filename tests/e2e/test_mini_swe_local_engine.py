@@ -32,7 +32,12 @@ async def test_mini_runs_the_tool_the_local_model_called_is_graded_and_every_sam
         config = ServerConfig(upstream=UpstreamConfig(base_url=engine.base_url), model_dir=tool_model_dir,
                               record_path=tmp_path / "rollouts.jsonl")
         async with InterceptionServer(config) as server:
-            runner = Runner(server, RunnerConfig(agent=MiniSweAgent(binary=binary, max_tokens=96),
+            # mini goes on after `answer` until the model says it is done, which the tiny model never does: without a
+            # step limit each rollout ran 76-87 turns (until three replies in a row had no tool call), and rescoring
+            # their 480k tokens took over 20 minutes of a CI run. 8 calls hold a submitted answer, a tool loop and
+            # the forks of dropped replies.
+            agent = MiniSweAgent(binary=binary, max_tokens=96, step_limit=8)
+            runner = Runner(server, RunnerConfig(agent=agent,
                                                  sampling=SamplingSettings(temperature=0.0), concurrency=2))
             records = await runner.run_tasks(tasks, n=1)
             assert all(r.status == "ok" for r in records), [r.failure for r in records]
