@@ -51,7 +51,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Self
 
-from agents.errors import AgentConfigError
+from agents.errors import AgentConfigError, AgentError
 from agents.sandbox import netbridge, proctree
 from agents.sandbox.base import LocalSandboxConfig
 from agents.sandbox.bridged import BridgedSandbox
@@ -175,20 +175,12 @@ class DockerSandbox(BridgedSandbox):
     async def _seed_workspace(self) -> None:
         """The image's `workdir` copied into the workspace (a directory the image lacks leaves it empty)."""
         name = f"interceptor-seed-{secrets.token_hex(8)}"
-        client, env = self._client(), _client_env()
-        created = await asyncio.create_subprocess_exec(
-            client, "create", "--name", name, "--label", f"{LABEL}=1", self.image, "true", env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
-        _, err = await created.communicate()
-        if created.returncode != 0:
-            raise SandboxUnavailable(f"image {self.image}: {err.decode().strip()}")
         try:
-            copied = await asyncio.create_subprocess_exec(
-                client, "cp", f"{name}:{self.workdir}/.", str(self.workspace), env=env,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
-            _, err = await copied.communicate()
-            if copied.returncode != 0 and b"Could not find the file" not in err:
-                raise SandboxUnavailable(f"the image's {self.workdir} could not be copied out: {err.decode().strip()}")
+            await self._docker("create", "--name", name, "--label", f"{LABEL}=1", self.image, "true")
+            await self._docker("cp", f"{name}:{self.workdir}/.", str(self.workspace))
+        except AgentError as exc:
+            if "Could not find the file" not in str(exc):
+                raise SandboxUnavailable(f"the image's {self.workdir} could not be copied out: {exc}") from exc
         finally:
             await asyncio.shield(self._remove(name))
 
@@ -337,6 +329,15 @@ class DockerSandbox(BridgedSandbox):
 
     def _client(self) -> str:
         return shutil.which(self.docker) or self.docker
+
+    async def _docker(self, *args: str) -> str:
+        """`docker ARGS...`: its stdout, or AgentError with its stderr."""
+        process = await asyncio.create_subprocess_exec(
+            self._client(), *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_client_env())
+        out, err = await process.communicate()
+        if process.returncode != 0:
+            raise AgentError(f"docker {args[0]} {args[1] if len(args) > 1 else ''} failed: {err.decode().strip()}")
+        return out.decode().strip()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -200,14 +200,6 @@ class RemoteDockerSandbox(DockerSandbox):
     async def _copy_in(self, paths: list[Path]) -> None:
         await asyncio.to_thread(docker_files.copy_in, self._client(), _client_env(), self._files, self.root, paths)
 
-    async def _docker(self, *args: str) -> str:
-        process = await asyncio.create_subprocess_exec(
-            self._client(), *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_client_env())
-        out, err = await process.communicate()
-        if process.returncode != 0:
-            raise AgentError(f"docker {args[0]} {args[1] if len(args) > 1 else ''} failed: {err.decode().strip()}")
-        return out.decode().strip()
-
     async def _forget(self, volume: str) -> None:
         """The files container, then the volume (and with it everything the box wrote)."""
         for args in (("rm", "-f", f"{volume}-files"), ("volume", "rm", "-f", volume)):
