@@ -144,6 +144,12 @@ def _register_own(commands: CommandRegistry) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--box-listen", metavar="HOST:PORT",
+                       help="also serve the rollout routes alone (never the admin API) here, for boxes that are not "
+                       "on this host's loopback: a container network's gateway, or an address remote sandboxes reach")
+    serve.add_argument("--box-url", metavar="URL",
+                       help="what remote boxes are told to use for --box-listen, when not http://HOST:PORT (a public "
+                       "name, a tunnel)")
     serve.add_argument(
         "--record",
         help="JSON Lines file for finished rollouts. With --workers N > 1 each worker writes its own file beside it "

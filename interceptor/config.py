@@ -121,6 +121,10 @@ class ServerConfig:
     port: int = 0
     fast_lane: bool = True  # the gate's turns and JSON routes served off the socket, the rest by aiohttp (lane.py)
     public_host: str | None = None  # the host agents use in their base URL, when not `host`
+    # The box port (`box_port.py`): the rollout routes alone, for boxes not on this host's loopback. `box_listen`
+    # (HOST:PORT) listens for the server's whole life; drivers may expose more addresses on the same port.
+    box_listen: str | None = None
+    box_url: str | None = None  # what boxes are told when it is not http://<box_listen> (a public name, a tunnel)
     admin_token: str | None = field(default=None, repr=False)  # guards /rollouts; None: no HTTP admin API
     # JSON Lines file; every finished rollout is appended and fsynced. Live rollouts are journaled beside it
     # (`<record_path>.journal.*`) and come back as `interrupted` records after a crash.
@@ -160,3 +164,16 @@ class ServerConfig:
             raise ConfigError("max_pending_body_bytes must hold at least one body of max_body_bytes")
         if self.body_timeout_s <= 0:
             raise ConfigError("body_timeout_s must be positive")
+        if self.box_listen is not None:
+            parse_host_port(self.box_listen, what="box_listen")
+        if self.box_url is not None and (self.box_listen is None or not self.box_url.startswith(("http://", "https://"))):
+            raise ConfigError("box_url is the http(s) URL boxes use for box_listen's address: give box_listen too")
+
+
+def parse_host_port(value: str, *, what: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[v6]:PORT`), as `--box-listen` takes it; port 0 picks one."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{what} is HOST:PORT (a port from 0 to 65535), not {value!r}")
+    return host, int(port)

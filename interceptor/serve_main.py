@@ -45,6 +45,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         admin_token=admin_token,
         record_path=Path(args.record) if args.record else None,
+        box_listen=args.box_listen,
+        box_url=args.box_url,
     )
 
 
@@ -63,6 +65,8 @@ async def _serve(config: ServerConfig, token_file: Path | None, workers: int) ->
         if token_file is not None:
             _write_private(token_file, config.admin_token + "\n")
         print(f"interception server ({config.mode}) listening on {server.url}", flush=True)
+        if workers == 1 and server.box_port.url is not None:  # type: ignore[union-attr]
+            print(f"rollout routes for boxes (box port) on {server.box_port.url}", flush=True)
         await stop.wait()
 
 
@@ -78,6 +82,8 @@ def run_serve_from_args(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
+        if args.workers > 1 and config.box_listen is not None:
+            raise ConfigError("--box-listen serves one server's rollouts: it is not taken with --workers N > 1")
     except ConfigError as exc:  # the user's to fix: the reason, not a traceback
         print(f"interceptor serve: error: {exc}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ Routes (per rollout, behind `Authorization: Bearer <secret>`):
     GET  /rollout/{id}/v1/models              the served model
     POST /rollout/{id}/v1/tools/{name}        host tools; `answer` records the submission for the grader
 Admin (behind the admin token): POST /rollouts, GET /rollouts/{id}, POST /rollouts/{id}/finish. And GET /health.
+The rollout routes alone are also served on the box port (`box_port.py`), for boxes off this host's loopback.
 
 The listening socket is the fast lane's (`lane.py`): it answers the gate's turns (`turns.py`), streamed or not,
 and the JSON routes itself, and hands every other connection to aiohttp (`config.fast_lane=False`: aiohttp serves
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from interceptor.admin import add_admin_routes
+from interceptor.box_port import BoxPort
 from interceptor.config import SamplingSettings, ServerConfig
 from interceptor.errors import ConfigError, Conflict, errors_middleware_for, json_response
 from interceptor.gate.stop_rules import StopRule
@@ -117,6 +119,7 @@ class InterceptionServer:
         self._journal: Journal | None = None
         self._stack = AsyncExitStack()
         self._port: int | None = None
+        self._box_port: BoxPort | None = None
         self.lane: Lane | None = None  # the fast lane (`lane.py`), when `config.fast_lane`
         # Every handler reads a body within these; the budget of bodies in flight is the lane's too (`request_body.py`)
         self.body_limits = BodyLimits(max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s,
@@ -177,6 +180,9 @@ class InterceptionServer:
             site = web.TCPSite(runner, self.config.host, self.config.port)
             await site.start()
             self._port = runner.addresses[0][1]
+        self._box_port = BoxPort(self, turns)
+        self._stack.push_async_callback(self._box_port.aclose)
+        await self._box_port.start()
         if self.config.gc_freeze:  # start-up is over: the libraries, the tokenizer and the template are in the heap
             self._stack.callback(_freeze_heap())
         log.info("interception server (%s) on %s", self.config.mode, self.url)
@@ -263,6 +269,13 @@ class InterceptionServer:
             raise RuntimeError("the server is not running")
         return f"http://{self.config.public_host or self.config.host}:{self._port}"
 
+    @property
+    def box_port(self) -> BoxPort:
+        """The rollout routes alone, on addresses boxes off this host's loopback reach (`box_port.py`)."""
+        if self._box_port is None:
+            raise RuntimeError("the server is not running")
+        return self._box_port
+
     # ------------------------------------------------------------------------------------ Python API
 
     def open_rollout(self, *, sampling: SamplingSettings | None = None, metadata: dict | None = None,
@@ -297,29 +310,16 @@ class InterceptionServer:
         """A read-only view of a live rollout (its answer, failures, activity), for drivers such as the runner."""
         return RolloutView(self.registry.get(rollout_id))
 
-    async def finish_rollout(
-        self,
-        rollout_id: str,
-        *,
-        status: RolloutStatus = "ok",
-        failure: Failure | None = None,
-        reward: float | None = None,
-        accept_upstream_failures: str | None = None,
-    ) -> RolloutRecord:
+    async def finish_rollout(self, rollout_id: str, *, status: RolloutStatus = "ok", failure: Failure | None = None,
+                             reward: float | None = None, accept_upstream_failures: str | None = None) -> RolloutRecord:  # fmt: skip
         """End a rollout: it takes no more requests, and its record is on disk before this returns (`finish`)."""
         record, _ = await self.finish(rollout_id, status=status, failure=failure, reward=reward,
                                       accept_upstream_failures=accept_upstream_failures)
         return record
 
-    async def finish(
-        self,
-        rollout_id: str,
-        *,
-        status: RolloutStatus = "ok",
-        failure: Failure | None = None,
-        reward: float | None = None,
-        accept_upstream_failures: str | None = None,
-    ) -> tuple[RolloutRecord, bytes | None]:
+    async def finish(self, rollout_id: str, *, status: RolloutStatus = "ok", failure: Failure | None = None,
+                     reward: float | None = None, accept_upstream_failures: str | None = None,
+                     ) -> tuple[RolloutRecord, bytes | None]:  # fmt: skip
         """End a rollout: it takes no more requests, and its record is on disk before this returns. The record,
         and its JSON as the record file holds it (serialised once: the admin API answers with those bytes), None
         for a server without a record file.
