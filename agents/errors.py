@@ -7,7 +7,7 @@ sandbox reports it as a `RunResult` (exited, timeout, idle, cancelled, spawn_fai
 
 from __future__ import annotations
 
-__all__ = ["AgentConfigError", "AgentError", "AgentNotInstalled", "InstallError"]
+__all__ = ["AgentConfigError", "AgentError", "AgentNotInstalled", "InstallError", "RolloutFailed"]
 
 
 class AgentError(Exception):
@@ -24,3 +24,13 @@ class AgentNotInstalled(AgentError):
 
 class InstallError(AgentError):
     """`npm install` of a pinned agent failed, or the installed program does not report the pinned version."""
+
+
+class RolloutFailed(Exception):
+    """A rollout's attempt ended without a grade: `cause` (agent, sandbox, timeout, idle, limit, upstream, grader,
+    policy_stop, cancelled) is its failure cause; it carries no reward. Raised by a rollout driver (the runner's
+    own boxes, or Harbor's trials) and turned into the record's failure once, by the runner."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause

@@ -30,17 +30,18 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import Protocol
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from interceptor.config import SamplingSettings
 from interceptor.errors import BadRequest
 from interceptor.gate.stop_rules import parse_stop_rules
-from interceptor.server import InterceptionServer
+from interceptor.server import InterceptionServer, RolloutHandle
 from interceptor.store.records import Failure, RolloutRecord
 
 from agents.answer_command import answer_command
-from agents.errors import AgentConfigError, AgentError
+from agents.errors import AgentConfigError, AgentError, RolloutFailed
 from agents.graders import GRADER_PATHS, Grade, GraderFailed, grade_box
 from agents.grading.fresh import Captured, baseline, capture, grade_fresh, graded_fresh, tampering_event
 from agents.sandbox.backends import CHOICES, BoxChooser, Placement
@@ -71,6 +72,7 @@ class RunnerConfig:
     resources: ResourceLimits | None = None  # per-rollout CPU/memory/pids limits of the default backends
     pool: PoolConfig = field(default_factory=PoolConfig)  # prepared sandboxes per kind (under `async with` only)
     stop_rules: tuple[dict, ...] = ()  # every task's, besides its own (`agents.tasks.Task.stop_rules`)
+    driver: RolloutDriver | None = None  # runs each attempt in place of this runner's boxes (Harbor's trials)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -83,14 +85,17 @@ class RunnerConfig:
             parse_stop_rules(list(self.stop_rules))
         except BadRequest as exc:
             raise AgentConfigError(f"stop_rules: {exc.message}") from exc
+        if self.driver is not None and self.sandbox is not None:
+            raise AgentConfigError("a driver runs the rollouts in its own boxes: a custom sandbox would not be used")
         if self.sandbox is not None and self.backend != "auto":
             raise AgentConfigError(f"a custom sandbox runs every task: backend {self.backend!r} would not be used")
 
 
-class _Failed(Exception):
-    def __init__(self, cause: str, message: str) -> None:
-        super().__init__(message)
-        self.failure = Failure(cause=cause, message=message)
+class RolloutDriver(Protocol):
+    """What runs a rollout's attempt in place of the runner's own boxes (`agents.harbor.driver.HarborDriver`): the
+    agent against `handle`'s URL and secret, then its grade as (reward, detail), or RolloutFailed with the cause."""
+
+    async def attempt(self, server: InterceptionServer, task: Task, handle: RolloutHandle) -> tuple[float, str]: ...
 
 
 class Runner:
@@ -114,6 +119,8 @@ class Runner:
 
     async def __aenter__(self) -> Runner:
         await self._pool.__aenter__()
+        if self.config.driver is not None:  # its boxes are its own: none to warm
+            return self
         kind, make = self._sandbox_for(None)
         await self._pool.prefill(kind, make)
         return self
@@ -152,11 +159,14 @@ class Runner:
             )
             status, failure, reward = "ok", None, None
             try:
-                reward, detail = await self._attempt(task, handle)
+                if self.config.driver is not None:
+                    reward, detail = await self.config.driver.attempt(self.server, task, handle)
+                else:
+                    reward, detail = await self._attempt(task, handle)
                 self.server.rollout(handle.id).note("graded", reward=reward, detail=detail)
-            except _Failed as exc:
-                status = "timeout" if exc.failure.cause in ("timeout", "idle") else "failed"
-                failure = exc.failure
+            except RolloutFailed as exc:
+                status = "timeout" if exc.cause in ("timeout", "idle") else "failed"
+                failure = Failure(cause=exc.cause, message=str(exc))
             except asyncio.CancelledError:
                 status, failure = "failed", Failure(cause="cancelled", message="the run was cancelled")
                 await asyncio.shield(self._finish(handle.id, status, failure, None))
@@ -185,7 +195,7 @@ class Runner:
                                        answer=rollout.answer, answered=rollout.answered,
                                        setup_timeout_s=self.config.setup_timeout_s)  # fmt: skip
         except (GraderFailed, AgentError) as exc:
-            raise _Failed("grader", str(exc)) from exc
+            raise RolloutFailed("grader", str(exc)) from exc
         return graded.reward, graded.detail
 
     async def _run_agent(self, task: Task, handle, rollout, *, fresh: bool) -> Grade | Captured:
@@ -198,7 +208,7 @@ class Runner:
                 box = await stack.enter_async_context(self._pool.sandbox(*self._sandbox_for(task)))
             except AgentError as exc:  # the backend cannot make a sandbox here (bwrap missing, namespaces refused)
                 breaker.failed(str(exc))
-                raise _Failed("sandbox", f"the sandbox could not be made: {exc}") from exc
+                raise RolloutFailed("sandbox", f"the sandbox could not be made: {exc}") from exc
             breaker.succeeded()
             await self._prepare_workspace(task, box)
             base = await baseline(box) if fresh else None
@@ -217,7 +227,7 @@ class Runner:
                     )
                 )
             except AgentError as exc:
-                raise _Failed("agent", str(exc)) from exc
+                raise RolloutFailed("agent", str(exc)) from exc
             self._agent_paths = tuple(dict.fromkeys((*self._agent_paths, *launch.host_paths)))
             result = await box.run(
                 launch,
@@ -228,7 +238,7 @@ class Runner:
             if (hit := rollout.stopped) is not None:
                 message = f"stopped by rule {hit.rule!r} before the agent ran {hit.tool} {hit.arguments[:200]}"
                 if task.grading.stopped == "drop":
-                    raise _Failed("policy_stop", message)
+                    raise RolloutFailed("policy_stop", message)
                 return Grade(0.0, message)
             for limit, count in result.limits_hit:  # each limit the run ran into is an event of the rollout
                 rollout.note("limit_hit", limit=limit, count=count)
@@ -240,7 +250,7 @@ class Runner:
                     return await capture(task, box, base)
                 return await grade_box(task, box, answer=rollout.answer, answered=rollout.answered)
             except (GraderFailed, AgentError) as exc:  # AgentError: the workspace could not be brought out
-                raise _Failed("grader", str(exc)) from exc
+                raise RolloutFailed("grader", str(exc)) from exc
 
     @property
     def default_kind(self) -> Hashable:
@@ -257,7 +267,7 @@ class Runner:
         try:
             await prepare_workspace(task, box, setup_timeout_s=self.config.setup_timeout_s)
         except SetupFailed as exc:
-            raise _Failed("sandbox", str(exc)) from exc
+            raise RolloutFailed("sandbox", str(exc)) from exc
 
 
 def placement_for(server: InterceptionServer, *, resources: ResourceLimits | None = None,
@@ -275,15 +285,15 @@ def placement_for(server: InterceptionServer, *, resources: ResourceLimits | Non
 def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:
     """Turn how the agent's run ended into a failure, or return if the rollout can be graded."""
     if result.outcome in ("timeout", "idle"):
-        raise _Failed(result.outcome, result.reason or f"the agent hit its {result.outcome} limit")
+        raise RolloutFailed(result.outcome, result.reason or f"the agent hit its {result.outcome} limit")
     if result.outcome == "limit":  # the run was ended for what it took (disk): kept out of training, with why
-        raise _Failed("limit", result.reason)
+        raise RolloutFailed("limit", result.reason)
     if result.outcome == "spawn_failed":
-        raise _Failed("agent", f"the agent could not start: {result.reason}")
+        raise RolloutFailed("agent", f"the agent could not start: {result.reason}")
     if result.outcome == "cancelled":
-        raise _Failed("cancelled", result.reason or "cancelled")
+        raise RolloutFailed("cancelled", result.reason or "cancelled")
     if trailing_upstream_failures:
-        raise _Failed("upstream", f"the agent's last {trailing_upstream_failures} chat call(s) failed upstream")
+        raise RolloutFailed("upstream", f"the agent's last {trailing_upstream_failures} chat call(s) failed upstream")
     if result.exit_code != 0:
         tail = (result.stderr or result.stdout)[-_OUTPUT_KEPT:]
-        raise _Failed("agent", f"the agent exited with status {result.exit_code}: {tail}")
+        raise RolloutFailed("agent", f"the agent exited with status {result.exit_code}: {tail}")

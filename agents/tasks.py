@@ -159,6 +159,8 @@ class Task:
     # the gate stops the rollout before its agent runs a sampled tool call one of these matches
     # ({"name", "pattern", "tools"?}: `interceptor.gate.stop_rules`)
     stop_rules: tuple[dict, ...] = ()
+    # the Harbor task directory it was read from (`agents.harbor`): what the Harbor driver hands Harbor to run
+    harbor_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.id or not self.instruction:

@@ -31,9 +31,12 @@ INSTALL_TIMEOUT_S = 900.0  # OpenCode's platform binary is ~60 MB compressed; a 
 VERSION_TIMEOUT_S = 60.0  # `--version` of a cold native binary on a busy 2-core machine takes a few seconds
 
 
-def install_agent(name: str, *, root: Path | None = None, force: bool = False, npm: str = "npm") -> Path:
-    """Install the pinned version of agent `name` (unless already installed) and return its program's path."""
-    package = PACKAGES.get(name)
+def install_agent(name: str | AgentPackage, *, root: Path | None = None, force: bool = False, npm: str = "npm",
+                  runtime: Path | None = None) -> Path:
+    """Install the pinned version of agent `name` (or of a package not in PACKAGES: the Harbor driver's box agents)
+    unless already installed, and return its program's path. `runtime`: a directory put first on PATH when the
+    installed program is checked (a Node.js newer than this host's)."""
+    package = name if isinstance(name, AgentPackage) else PACKAGES.get(name)
     if package is None:
         raise InstallError(f"unknown agent {name!r}; known: {', '.join(sorted(PACKAGES))}")
     root = root or agents_dir()
@@ -51,7 +54,7 @@ def install_agent(name: str, *, root: Path | None = None, force: bool = False, n
         else:
             assert npm_path is not None
             _npm_install(npm_path, package, scratch)
-            _check_version(package, package.program(scratch))
+            _check_version(package, package.program(scratch), runtime=runtime)
         (scratch / STAMP).write_text(package.version + "\n")
         scratch.chmod(0o755)  # mkdtemp made it private; the install is a shared, read-only tool
         target = package.prefix(root)
@@ -114,7 +117,7 @@ def _run_check(package: AgentPackage, argv: list[str], env: dict[str, str]) -> s
     return done
 
 
-def _check_version(package: AgentPackage, binary: Path) -> None:
+def _check_version(package: AgentPackage, binary: Path, *, runtime: Path | None = None) -> None:
     """Run the installed program: a package whose install script did not run (OpenCode links its native binary
     in a postinstall step) or a platform without a prebuilt binary fails here rather than in a rollout."""
     try:
@@ -124,12 +127,14 @@ def _check_version(package: AgentPackage, binary: Path) -> None:
             text=True,
             timeout=VERSION_TIMEOUT_S,
             stdin=subprocess.DEVNULL,
+            env=None if runtime is None else {**os.environ, "PATH": f"{runtime}{os.pathsep}{os.environ.get('PATH', '')}"},
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InstallError(f"{binary} --version did not run: {exc}") from exc
-    # Pi prints its version on stderr, OpenCode on stdout, Claude Code "2.1.330 (Claude Code)", Codex "codex-cli X".
+    # Pi prints its version on stderr, OpenCode on stdout, Claude Code "2.1.330 (Claude Code)", Codex "codex-cli X",
+    # Node.js "vX".
     reported = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or [""]
-    if done.returncode != 0 or package.version not in reported[0].split():
+    if done.returncode != 0 or package.version not in (word.removeprefix("v") for word in reported[0].split()):
         raise InstallError(
             f"{binary} --version reported {reported[0]!r} (exit {done.returncode}), expected {package.version}:\n"
             f"{done.stderr[-2000:]}"

@@ -60,8 +60,10 @@ def is_harbor_dataset(path: Path) -> bool:
     return (path / "task.toml").is_file() or any((child / "task.toml").is_file() for child in path.iterdir())
 
 
-def load_harbor_tasks(path: Path | str, *, docker: str = "docker") -> list[Task]:
-    """Every task of a Harbor task directory or dataset, its image built where it has to be."""
+def load_harbor_tasks(path: Path | str, *, docker: str = "docker", harbor_runs: bool = False) -> list[Task]:
+    """Every task of a Harbor task directory or dataset, its image built where it has to be. `harbor_runs`: Harbor
+    itself will run them (`agents.harbor.driver`): only what the runner reads (id, instruction, limits) is taken,
+    no image is built here and nothing is refused (Harbor honours its own format)."""
     path = Path(path).resolve()
     if (path / "task.toml").is_file():
         directories = [path]
@@ -72,7 +74,7 @@ def load_harbor_tasks(path: Path | str, *, docker: str = "docker") -> list[Task]
     tasks, seen, sized = [], set(), []
     for directory in directories:
         try:
-            task, sizes = _task(directory, docker=docker)
+            task, sizes = _task(directory, docker=docker, harbor_runs=harbor_runs)
         except TaskError as exc:
             raise TaskError(f"{directory}: {exc}") from exc
         if task.id in seen:
@@ -87,12 +89,13 @@ def load_harbor_tasks(path: Path | str, *, docker: str = "docker") -> list[Task]
     return tasks
 
 
-def _task(directory: Path, *, docker: str) -> tuple[Task, bool]:
+def _task(directory: Path, *, docker: str, harbor_runs: bool = False) -> tuple[Task, bool]:
     try:
         config = tomllib.loads((directory / "task.toml").read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise TaskError(f"task.toml: {exc}") from exc
-    _refuse_what_cannot_be_honoured(config, directory)
+    if not harbor_runs:
+        _refuse_what_cannot_be_honoured(config, directory)
     environment = _table(config, "environment")
     agent, verifier = _table(config, "agent"), _table(config, "verifier")
     instruction_path = directory / "instruction.md"
@@ -100,6 +103,12 @@ def _task(directory: Path, *, docker: str) -> tuple[Task, bool]:
         raise TaskError("no instruction.md")
     instruction = instruction_path.read_text(encoding="utf-8").strip()
     name = str(_table(config, "task").get("name") or directory.name)
+    limits = Limits(wall_s=float(agent["timeout_sec"])) if agent.get("timeout_sec") else Limits()
+    network, egress = _network(environment)
+    if harbor_runs:
+        grader = Grader(kind="harbor", tests=directory / "tests", timeout_s=float(verifier.get("timeout_sec", 600.0)))
+        return Task(id=name, instruction=instruction, limits=limits, harbor_dir=directory.resolve(), grader=grader,
+                    network=network, egress=egress), False  # fmt: skip
     image = environment.get("docker_image")
     if image is None:
         image = build_image(directory / "environment", name=name, docker=docker,
@@ -108,15 +117,13 @@ def _task(directory: Path, *, docker: str) -> tuple[Task, bool]:
     if not workdir or workdir == "/":
         raise TaskError(f"image {image} sets no WORKDIR and task.toml no [environment].workdir: the agent's files "
                         f"would be the box's whole root")  # fmt: skip
-    network, egress = _network(environment)
     tests = directory / "tests"
     env = verifier.get("env") or {}
     if not isinstance(env, dict):
         raise TaskError("[verifier].env is a table of strings")
-    limits = Limits(wall_s=float(agent["timeout_sec"])) if agent.get("timeout_sec") else Limits()
     task = Task(
         id=name, instruction=instruction, image=str(image), workdir=str(workdir), network=network, egress=egress,
-        limits=limits,
+        limits=limits, harbor_dir=directory.resolve(),
         grader=Grader(kind="harbor", tests=tests, timeout_s=float(verifier.get("timeout_sec", 600.0)),
                       env=tuple(sorted((str(k), str(v)) for k, v in env.items()))),
     )  # fmt: skip
