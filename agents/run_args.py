@@ -7,7 +7,7 @@ import argparse
 from agents.sandbox.backends import CHOICES as SANDBOX_CHOICES
 from agents.specs.registry import AGENTS
 
-__all__ = ["add_run_arguments"]
+__all__ = ["add_driver_arguments", "add_run_arguments"]
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,3 +37,28 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="where agents run: namespace (own Linux namespaces via bubblewrap, only the model endpoint reachable), "
         "local (this user, no isolation: for trusted programs), auto (namespace where possible; the default)",
     )
+    add_driver_arguments(parser)
+
+
+def add_driver_arguments(parser: argparse.ArgumentParser) -> None:
+    """Who runs each rollout (`interceptor run` and `train`): Interceptor's own boxes, or Harbor's trials."""
+    parser.add_argument("--driver", choices=("interceptor", "harbor"), default="interceptor",
+                        help="interceptor: its own sandboxes, agent specs and graders; harbor: each rollout is one "
+                        "Harbor trial of a Harbor task (its environment, installed agent and verifier) whose model is "
+                        "the rollout (needs scripts/setup-harbor.sh)")  # fmt: skip
+    parser.add_argument("--harbor-agent", default="pi", metavar="NAME",
+                        help="with --driver harbor: Harbor's agent (pi, claude-code and codex have box installs here)")
+    parser.add_argument("--harbor-env", default="docker", metavar="TYPE",
+                        help="with --driver harbor: Harbor's environment type; one not on this host (daytona, modal, "
+                        "e2b, ...) needs --box-listen")  # fmt: skip
+    parser.add_argument("--harbor-install", choices=("box", "harbor"), default="box",
+                        help="box: the agent installed here, mounted read-only into the box; harbor: Harbor's own "
+                        "installer (the box must reach GitHub, nodejs.org and npm)")  # fmt: skip
+    parser.add_argument("--harbor-api-format", metavar="FORMAT",
+                        help="the API the agent speaks, as Harbor names it (default: the box install's)")
+    parser.add_argument("--harbor-trials", metavar="DIR", help="keep Harbor's trial directories here")
+    parser.add_argument("--box-listen", metavar="HOST:PORT",
+                        help="serve the rollout routes alone (never the admin API) here too, for boxes not on this "
+                        "host (a remote Harbor environment)")  # fmt: skip
+    parser.add_argument("--box-url", metavar="URL", help="what remote boxes are told for --box-listen, when not "
+                        "http://HOST:PORT (a public name, a tunnel)")

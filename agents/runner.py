@@ -62,7 +62,7 @@ _OUTPUT_KEPT = 4000  # characters of the agent's output tail kept in a failed ro
 
 @dataclass(frozen=True, kw_only=True)
 class RunnerConfig:
-    agent: AgentSpec
+    agent: AgentSpec | None = None  # the agent the runner's own boxes run (with a driver: the driver's)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     concurrency: int = 4  # rollouts running at once
     backend: str = "auto"  # the sandbox backend, as `--sandbox` names it (agents.sandbox.backends.CHOICES)
@@ -85,6 +85,8 @@ class RunnerConfig:
             parse_stop_rules(list(self.stop_rules))
         except BadRequest as exc:
             raise AgentConfigError(f"stop_rules: {exc.message}") from exc
+        if (self.agent is None) == (self.driver is None):
+            raise AgentConfigError("give the runner an agent spec to run in its boxes, or a driver (not both)")
         if self.driver is not None and self.sandbox is not None:
             raise AgentConfigError("a driver runs the rollouts in its own boxes: a custom sandbox would not be used")
         if self.sandbox is not None and self.backend != "auto":
@@ -94,6 +96,8 @@ class RunnerConfig:
 class RolloutDriver(Protocol):
     """What runs a rollout's attempt in place of the runner's own boxes (`agents.harbor.driver.HarborDriver`): the
     agent against `handle`'s URL and secret, then its grade as (reward, detail), or RolloutFailed with the cause."""
+
+    name: str  # what the records name as the rollout's agent
 
     async def attempt(self, server: InterceptionServer, task: Task, handle: RolloutHandle) -> tuple[float, str]: ...
 
@@ -125,6 +129,10 @@ class Runner:
         await self._pool.prefill(kind, make)
         return self
 
+    @property
+    def _agent_name(self) -> str:
+        return self.config.driver.name if self.config.driver is not None else self.config.agent.name
+
     async def __aexit__(self, *exc_info: object) -> None:
         await self._pool.__aexit__(*exc_info)
 
@@ -154,7 +162,7 @@ class Runner:
     async def run_rollout(self, task: Task, *, metadata: dict | None = None) -> RolloutRecord:
         async with self._slots:
             handle = self.server.open_rollout(
-                sampling=self.config.sampling, metadata={"task_id": task.id, "agent": self.config.agent.name, **(metadata or {})},
+                sampling=self.config.sampling, metadata={"task_id": task.id, "agent": self._agent_name, **(metadata or {})},
                 stop_rules=parse_stop_rules([*self.config.stop_rules, *task.stop_rules]),
             )
             status, failure, reward = "ok", None, None

@@ -50,6 +50,8 @@ class StackConfig:
     port: int = 0
     admin_token: str | None = field(default=None, repr=False)  # the admin API and /metrics want it; None: no admin
     view: bool = False  # serve the viewer over record_path's directory at /view on the server's port
+    box_listen: str | None = None  # HOST:PORT where remote boxes reach the rollout routes (`interceptor.box_port`)
+    box_url: str | None = None  # what they are told, when not http://HOST:PORT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream", parse_upstream(self.upstream))
@@ -107,6 +109,7 @@ class PolicyStack:
                 upstream=self.upstream, mode=config.mode, model_dir=self.model_dir, record_path=config.record_path,
                 host=config.host, port=config.port, admin_token=config.admin_token,
                 public_host="127.0.0.1" if config.host in ("0.0.0.0", "::") else None,
+                box_listen=config.box_listen, box_url=config.box_url,
             ), mounts=mounts))
             if self._runner_config is not None:
                 self.runner = await stack.enter_async_context(

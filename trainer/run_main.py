@@ -30,6 +30,7 @@ from agents.tasks import Task
 from interceptor.config import SamplingSettings
 from interceptor.store.records import RolloutRecord
 
+from trainer.drivers import check_driver, harbor_driver
 from trainer.policy_stack import PolicyStack, StackConfig
 from trainer.upstreams import LOCAL, parse_upstream
 
@@ -121,14 +122,16 @@ async def run(args: argparse.Namespace) -> int:
     if args.warm_pool < 0:
         raise SystemExit("--warm-pool must be 0 or more")
     resources = _resources(args)  # refused before anything starts, as a backend this machine lacks is
+    driver = harbor_driver(args)  # refused before anything starts: Harbor missing, an agent with no box install
     _check_sandbox(args.sandbox, resources)
     if args.swe_repos:
         from agents.swe import load_swe_tasks
 
         tasks = load_swe_tasks(args.tasks, repos=args.swe_repos)
     else:
-        tasks = load_tasks(args.tasks)
-    _check_sandbox(args.sandbox, resources, tasks)
+        tasks = load_tasks(args.tasks, harbor_runs=driver is not None)
+    if driver is None:
+        _check_sandbox(args.sandbox, resources, tasks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "rollouts.jsonl"
@@ -142,11 +145,16 @@ async def run(args: argparse.Namespace) -> int:
         model=Path(args.model) if args.model else (out.parent / "model" if local else None),
         mode=args.mode,
         record_path=record_path,
+        box_listen=args.box_listen,
+        box_url=args.box_url,
     )
 
     def runner_config(server) -> RunnerConfig:
+        if driver is not None:
+            check_driver(driver, server, tasks)
         return RunnerConfig(
-            agent=_agent(args, context_window=server.policy.max_model_len if server.policy else 32768),
+            agent=None if driver else _agent(args, context_window=server.policy.max_model_len if server.policy else 32768),
+            driver=driver,
             sampling=SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed),
             concurrency=args.concurrency,
             backend=args.sandbox,
@@ -156,12 +164,12 @@ async def run(args: argparse.Namespace) -> int:
 
     progress = progress_printer(len(tasks) * args.n)
     async with PolicyStack(stack_config, runner=runner_config, runner_options={"on_finished": progress}) as stack:
-        print(f"{len(tasks)} task(s) x {args.n} with {args.agent} on {stack.upstream.base_url} ({args.mode})",
-              flush=True)
+        agent = driver.name if driver else args.agent
+        print(f"{len(tasks)} task(s) x {args.n} with {agent} on {stack.upstream.base_url} ({args.mode})", flush=True)
         # what `interceptor view OUT` reads to decode the tokens
         (out / "setup.json").write_text(json.dumps({
             "model": str(Path(stack.model_dir).resolve()) if stack.model_dir else None,
-            "agent": args.agent, "mode": args.mode,
+            "agent": agent, "mode": args.mode,
         }, indent=2) + "\n")
         records = await stack.runner.run_tasks(tasks, n=args.n)
     print()

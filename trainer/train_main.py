@@ -100,6 +100,15 @@ class TrainConfig:
     host: str = "127.0.0.1"
     port: int = 0
     view: bool = False
+    # who runs each rollout: "interceptor" (its boxes, `agent`) or "harbor" (a Harbor trial each: `agents.harbor`)
+    driver: str = "interceptor"
+    harbor_agent: str = "pi"
+    harbor_env: str = "docker"
+    harbor_install: str = "box"
+    harbor_api_format: str = ""
+    harbor_trials: str = ""
+    box_listen: str = ""  # HOST:PORT for boxes not on this host (`interceptor.box_port`); box_url: what they are told
+    box_url: str = ""
     upstreams: tuple[str, ...] = field(init=False, repr=False)  # `upstream` parsed: ("local",) or the URLs
 
     def __post_init__(self) -> None:
@@ -127,6 +136,10 @@ class TrainConfig:
             raise ValueError(f"weight_sync must be 'reload' or 'nccl', not {self.weight_sync!r}")
         if self.weight_sync == "nccl" and (self.local or len(self.upstreams) > 1):
             raise ValueError("weight_sync = 'nccl' is TRL's transfer to one vLLM server: upstream must be its URL")
+        if self.driver not in ("interceptor", "harbor"):
+            raise ValueError(f"driver must be 'interceptor' or 'harbor', not {self.driver!r}")
+        if self.driver == "harbor" and self.fleet:
+            raise ValueError("driver = 'harbor' runs its trials from this process: a fleet is not taken with it yet")
         if self.fleet and self.fleet != "ray" and not self.fleet.startswith("ray://"):
             raise ValueError(f"fleet must be '', 'ray' or 'ray://HOST:PORT', not {self.fleet!r}")
 
@@ -213,6 +226,7 @@ async def train(config: TrainConfig) -> TrainResult:
     from trainer.rl.trl_compat import apply_trl_compat, resolve_attention
     from trainer.rl.weight_sync import GatedTransfer
     from trainer.rl.worker import InterceptorRolloutWorker, NoLearningSignal, RolloutsFailing, WorkerConfig
+    from trainer.drivers import check_driver, harbor_driver
     from trainer.run_main import _check_sandbox
 
     started = time.perf_counter()
@@ -224,17 +238,26 @@ async def train(config: TrainConfig) -> TrainResult:
     config.out.mkdir(parents=True, exist_ok=True)
     metrics_path = config.out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
-    tasks = load_tasks(config.tasks)
-    _check_sandbox("auto", None, tasks)  # a task's egress list this machine cannot enforce, refused before a step
+    driver = harbor_driver(argparse.Namespace(
+        driver=config.driver, harbor_agent=config.harbor_agent, harbor_env=config.harbor_env,
+        harbor_install=config.harbor_install, harbor_api_format=config.harbor_api_format or None,
+        harbor_trials=config.harbor_trials or None))  # fmt: skip
+    tasks = load_tasks(config.tasks, harbor_runs=driver is not None)
+    if driver is None:
+        _check_sandbox("auto", None, tasks)  # a task's egress list this machine cannot enforce, refused before a step
     loop = asyncio.get_running_loop()
     stack_config = StackConfig(upstream=config.upstreams,
                                model=config.model, record_path=config.out / "rollouts.jsonl", seed=config.seed,
                                engine_device=device, engine_dtype=dtype, host=config.host, port=config.port,
-                               admin_token=os.environ.get("INTERCEPTOR_ADMIN_TOKEN") or None, view=config.view)
+                               admin_token=os.environ.get("INTERCEPTOR_ADMIN_TOKEN") or None, view=config.view,
+                               box_listen=config.box_listen or None, box_url=config.box_url or None)
 
     def runner_config(server) -> RunnerConfig:
+        if driver is not None:
+            check_driver(driver, server, tasks)
         return RunnerConfig(
-            agent=agent_spec(config, context_window=server.policy.max_model_len),
+            agent=None if driver else agent_spec(config, context_window=server.policy.max_model_len),
+            driver=driver,
             # The trainer scores at temperature `temperature` with no top-k/top-p: sample the same way.
             sampling=SamplingSettings(temperature=config.temperature, max_tokens=config.max_tokens),
             concurrency=config.concurrency,

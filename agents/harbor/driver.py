@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import tempfile
+import tomllib
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Literal
 
 from agents.errors import AgentConfigError, AgentError, RolloutFailed
 from agents.harbor.box_agents import box_agent
-from agents.harbor.network import TrialNetwork
+from agents.harbor.network import TrialNetwork, has_default_bridge
 from agents.harbor.trials import KEY_VARIABLE, TrialOutcome, read_outcome, trial_config
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class HarborDriver:
             raise AgentConfigError(f"Harbor is not installed ({program or 'no harbor program found'}): run "
                                    f"scripts/setup-harbor.sh, or name a `harbor` program in INTERCEPTOR_HARBOR")  # fmt: skip
         self.program = program
+        self.name = f"harbor:{config.agent}"  # the records' agent
+        self._builds_offline: bool | None = None  # the daemon has no default bridge (found on the first trial)
         self._mounts = box_agent(config.agent).mounts() if config.install == "box" else []
 
     def check(self, server: InterceptionServer, tasks: list[Task]) -> None:
@@ -132,7 +135,10 @@ class HarborDriver:
                     raise RolloutFailed("sandbox", f"the trial's network could not be made: {exc}") from exc
                 box_url = await server.box_port.expose(network.gateway)
                 stack.push_async_callback(server.box_port.withdraw, network.gateway)
-                extra = (network.compose_override(work),)
+                offline = self._builds_offline if self._builds_offline is not None else not await has_default_bridge(
+                    self.config.docker)
+                self._builds_offline = offline
+                extra = (network.compose_override(work, build_offline=offline and _builds(task.harbor_dir)),)
                 if closed:
                     environment = {"type": None, "import_path": PLUGIN}
                     env |= {"PYTHONPATH": str(_PLUGIN_DIR), MODEL_HOST: network.gateway}
@@ -140,10 +146,11 @@ class HarborDriver:
                 box_url = server.box_port.url
             trials_dir = self.config.trials_dir or work / "trials"
             agent = box_agent(self.config.agent) if self.config.install == "box" else None
+            api_format = self.config.api_format or agent.api_format
             config = trial_config(
                 task_dir=task.harbor_dir, trials_dir=trials_dir, trial_name=handle.id, agent=self.config.agent,
-                model=server.config.served_model_name, base_url=f"{box_url}/rollout/{handle.id}/v1",
-                api_format=self.config.api_format or agent.api_format, environment=environment,
+                model=server.config.served_model_name, base_url=_base_url(box_url, handle.id, api_format),
+                api_format=api_format, environment=environment,
                 skip_install=agent is not None, mounts=self._mounts, extra_compose=extra,
                 agent_env={"PATH": agent.path()} if agent else None, agent_kwargs=dict(self.config.agent_kwargs),
             )  # fmt: skip
@@ -200,6 +207,21 @@ async def _end(process: asyncio.subprocess.Process) -> None:
             return
         except TimeoutError:
             continue
+
+
+def _base_url(box_url: str, rollout_id: str, api_format: str) -> str:
+    """The rollout's base URL as the agent's SDK wants it: Anthropic's adds /v1 itself, OpenAI's wants it given."""
+    root = f"{box_url}/rollout/{rollout_id}"
+    return root if api_format == "anthropic_messages" else f"{root}/v1"
+
+
+def _builds(task_dir: Path) -> bool:
+    """Whether Harbor builds the task's image (a Dockerfile and no `[environment].docker_image`)."""
+    try:
+        environment = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8")).get("environment") or {}
+    except (OSError, tomllib.TOMLDecodeError):
+        return False  # Harbor reports the task file's fault itself
+    return (task_dir / "environment" / "Dockerfile").is_file() and not environment.get("docker_image")
 
 
 def _graded(outcome: TrialOutcome, trailing_upstream_failures: int) -> tuple[float, str]:

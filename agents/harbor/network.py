@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agents.errors import AgentError
 
-__all__ = ["LABEL", "TrialNetwork"]
+__all__ = ["LABEL", "TrialNetwork", "has_default_bridge"]
 
 LABEL = "interceptor.harbor-trial"  # on every trial network: what a clean-up (or a test) finds them by
 _SERVICE_NETWORK = "interceptor"  # the name the compose override gives it
@@ -51,11 +51,15 @@ class TrialNetwork:
     async def __aexit__(self, *exc_info: object) -> None:
         await asyncio.shield(self._remove())
 
-    def compose_override(self, directory: Path) -> Path:
-        """A compose file putting Harbor's main service on this network alone (JSON is YAML)."""
+    def compose_override(self, directory: Path, *, build_offline: bool = False) -> Path:
+        """A compose file putting Harbor's main service on this network alone (JSON is YAML). `build_offline`: its
+        image's RUN steps get no network (a daemon with no default bridge cannot give them one)."""
+        main: dict = {"networks": [_SERVICE_NETWORK]}
+        if build_offline:
+            main["build"] = {"network": "none"}
         path = directory / "interceptor-network.compose.json"
         path.write_text(json.dumps({
-            "services": {"main": {"networks": [_SERVICE_NETWORK]}},
+            "services": {"main": main},
             "networks": {_SERVICE_NETWORK: {"external": True, "name": self.name}},
         }))  # fmt: skip
         return path
@@ -73,3 +77,11 @@ class TrialNetwork:
         if check and process.returncode != 0:
             raise AgentError(f"docker {' '.join(args[:2])} failed: {err.decode(errors='replace').strip()[-500:]}")
         return out.decode(errors="replace").strip()
+
+
+async def has_default_bridge(docker: str = "docker") -> bool:
+    """Whether the daemon has its default bridge (`dockerd --bridge=none` has none: a build's RUN steps fail on it
+    with "network bridge not found" unless they are given no network)."""
+    process = await asyncio.create_subprocess_exec(docker, "network", "inspect", "bridge", stdout=subprocess.DEVNULL,
+                                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)  # fmt: skip
+    return await process.wait() == 0

@@ -104,7 +104,8 @@ def _task(directory: Path, *, docker: str, harbor_runs: bool = False) -> tuple[T
     instruction = instruction_path.read_text(encoding="utf-8").strip()
     name = str(_table(config, "task").get("name") or directory.name)
     limits = Limits(wall_s=float(agent["timeout_sec"])) if agent.get("timeout_sec") else Limits()
-    network, egress = _network(environment)
+    # Harbor's own default network is the public one; this project's (its runner's) is the model's alone
+    network, egress = ("open", ()) if harbor_runs and not _names_network(environment) else _network(environment)
     if harbor_runs:
         grader = Grader(kind="harbor", tests=directory / "tests", timeout_s=float(verifier.get("timeout_sec", 600.0)))
         return Task(id=name, instruction=instruction, limits=limits, harbor_dir=directory.resolve(), grader=grader,
@@ -128,6 +129,10 @@ def _task(directory: Path, *, docker: str, harbor_runs: bool = False) -> tuple[T
                       env=tuple(sorted((str(k), str(v)) for k, v in env.items()))),
     )  # fmt: skip
     return task, any(key in environment for key in _SIZES)
+
+
+def _names_network(environment: dict) -> bool:
+    return environment.get("network_mode") is not None or environment.get("allow_internet") is not None
 
 
 def _table(config: dict, name: str) -> dict:

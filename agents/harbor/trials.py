@@ -59,7 +59,8 @@ def trial_config(*, task_dir: Path, trials_dir: Path, trial_name: str, agent: st
         "trial_name": trial_name,
         "agent": {
             "name": agent,
-            "model_name": f"interceptor/{model}",
+            # LiteLLM's provider names, which Harbor parses a model name with: the rollout's served model behind it
+            "model_name": f"{'anthropic' if api_format == 'anthropic_messages' else 'openai'}/{model}",
             "base_url": base_url,
             "model_api_key_name": KEY_VARIABLE,
             "model_api_format": api_format,
