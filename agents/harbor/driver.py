@@ -77,6 +77,7 @@ class HarborConfig:
     agent_kwargs: tuple[tuple[str, str], ...] = ()  # Harbor's `--agent-kwarg`s
     harbor: Path | None = None  # the `harbor` program (default: `harbor_program()`)
     trials_dir: Path | None = None  # keep Harbor's trial directories here; None: each is removed after its rollout
+    setup_timeout_s: float | None = None  # the agent's set-up (its install) past this fails the trial; None: Harbor's
     docker: str = "docker"
     slack_s: float = 900.0  # past the task's agent and verifier limits, the Harbor process is ended (image builds)
 
@@ -87,8 +88,8 @@ class HarborConfig:
             box_agent(self.agent)  # refuses an agent with no box install, saying which have one
         elif self.api_format is None:
             raise AgentConfigError("with Harbor's own installer, give the agent's api_format (as Harbor names it)")
-        if self.slack_s <= 0:
-            raise AgentConfigError("slack_s must be positive")
+        if self.slack_s <= 0 or (self.setup_timeout_s is not None and self.setup_timeout_s <= 0):
+            raise AgentConfigError("slack_s and setup_timeout_s must be positive")
 
 
 class HarborDriver:
@@ -153,6 +154,7 @@ class HarborDriver:
                 api_format=api_format, environment=environment,
                 skip_install=agent is not None, mounts=self._mounts, extra_compose=extra,
                 agent_env={"PATH": agent.path()} if agent else None, agent_kwargs=dict(self.config.agent_kwargs),
+                setup_timeout_s=self.config.setup_timeout_s,
             )  # fmt: skip
             (work / "trial.json").write_text(json.dumps(config, indent=1))
             limit_s = task.limits.wall_s + task.grader.timeout_s + self.config.slack_s

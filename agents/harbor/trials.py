@@ -52,7 +52,7 @@ _PHASES = (("environment_setup", "sandbox"), ("agent_setup", "agent"), ("agent_e
 def trial_config(*, task_dir: Path, trials_dir: Path, trial_name: str, agent: str, model: str, base_url: str,
                  api_format: str, environment: dict, skip_install: bool = True, mounts: list[dict] = (),
                  extra_compose: tuple[Path, ...] = (), agent_env: dict[str, str] | None = None,
-                 agent_kwargs: dict | None = None) -> dict:  # fmt: skip
+                 agent_kwargs: dict | None = None, setup_timeout_s: float | None = None) -> dict:  # fmt: skip
     return {
         "task": {"path": str(task_dir)},
         "trials_dir": str(trials_dir),
@@ -66,6 +66,7 @@ def trial_config(*, task_dir: Path, trials_dir: Path, trial_name: str, agent: st
             "model_api_format": api_format,
             "kwargs": {**(agent_kwargs or {}), "skip_install": skip_install},
             "env": dict(agent_env or {}),
+            "override_setup_timeout_sec": setup_timeout_s,
         },
         "environment": {
             **environment,  # {"type": ...}, or {"import_path": ...} for a plug-in of Harbor's

@@ -104,7 +104,7 @@ def test_a_task_without_a_verifier_or_a_dockerfile_is_refused(tmp_path):
 
 
 def test_network_modes_map_to_the_model_network_an_egress_list_or_the_open_one(tmp_path):
-    from agents.harbor import _network
+    from agents.harbor.tasks import _network
 
     assert _network({}) == ("model", ()) and _network({"network_mode": "no-network"}) == ("model", ())
     assert _network({"network_mode": "public"}) == ("open", ())
