@@ -57,6 +57,11 @@ def add_driver_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--harbor-api-format", metavar="FORMAT",
                         help="the API the agent speaks, as Harbor names it (default: the box install's)")
     parser.add_argument("--harbor-trials", metavar="DIR", help="keep Harbor's trial directories here")
+    parser.add_argument("--harbor-env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="Harbor's --environment-kwarg (a remote environment's flavor, namespace, ...)")
+    parser.add_argument("--harbor-pass-env", action="append", default=[], metavar="NAME",
+                        help="a variable of this environment Harbor gets too (a remote environment's usual credentials "
+                        "are passed already: DAYTONA_API_KEY, MODAL_TOKEN_ID/SECRET, HF_TOKEN, E2B_API_KEY, ...)")
     parser.add_argument("--box-listen", metavar="HOST:PORT",
                         help="serve the rollout routes alone (never the admin API) here too, for boxes not on this "
                         "host (a remote Harbor environment)")  # fmt: skip

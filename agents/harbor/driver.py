@@ -16,7 +16,8 @@ boxes see it under another name) and Harbor's network settings are the environme
 
 Harbor needs Python >= 3.12; this project runs on 3.11. Harbor runs as its own program, from the virtual environment
 `scripts/setup-harbor.sh` makes (`INTERCEPTOR_HARBOR` names another `harbor` program). Its environment gets PATH,
-HOME, the locale, Docker's client settings and the rollout's key: nothing else of this process's (no admin token).
+HOME, the locale, Docker's client settings, a remote environment's credentials (`_CREDENTIALS`, and `pass_env`) and
+the rollout's key: nothing else of this process's (no admin token).
 Harbor's verifier runs in the agent's own box after it (Harbor's contract): the fresh-box grading of Interceptor's
 own runner does not apply to trials Harbor drives.
 """
@@ -49,6 +50,14 @@ __all__ = ["HarborConfig", "HarborDriver", "harbor_program"]
 
 _PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG",
                "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")  # fmt: skip
+# A remote environment's credentials, passed to Harbor when set (HOME is too: `hf auth login`, ~/.modal.toml)
+_CREDENTIALS = {
+    "daytona": ("DAYTONA_API_KEY", "DAYTONA_API_URL", "DAYTONA_JWT_TOKEN", "DAYTONA_ORGANIZATION_ID", "DAYTONA_TARGET"),
+    "modal": ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "MODAL_ENVIRONMENT"),
+    "hf-sandbox": ("HF_TOKEN", "HF_ENDPOINT"),
+    "e2b": ("E2B_API_KEY",),
+    "runloop": ("RUNLOOP_API_KEY",),
+}
 # Harbor's Docker environment on the trial network (`harbor_side/interceptor_docker.py`), loaded by Harbor itself
 _PLUGIN_DIR = Path(__file__).resolve().parent / "harbor_side"
 PLUGIN = "interceptor_docker:InterceptorDockerEnvironment"
@@ -75,6 +84,8 @@ class HarborConfig:
     install: Literal["box", "harbor"] = "box"  # box: this host's install mounted in; harbor: Harbor's installer
     api_format: str | None = None  # as Harbor names it; None: the box agent's own (Pi: chat completions)
     agent_kwargs: tuple[tuple[str, str], ...] = ()  # Harbor's `--agent-kwarg`s
+    environment_kwargs: tuple[tuple[str, str], ...] = ()  # Harbor's `--environment-kwarg`s (a remote one's flavor)
+    pass_env: tuple[str, ...] = ()  # more of this process's variables Harbor gets (besides the environment's own)
     harbor: Path | None = None  # the `harbor` program (default: `harbor_program()`)
     trials_dir: Path | None = None  # keep Harbor's trial directories here; None: each is removed after its rollout
     setup_timeout_s: float | None = None  # the agent's set-up (its install) past this fails the trial; None: Harbor's
@@ -126,7 +137,7 @@ class HarborDriver:
             stack.callback(shutil.rmtree, work, ignore_errors=True)
             extra: tuple[Path, ...] = ()
             env = {KEY_VARIABLE: handle.secret}
-            environment: dict = {"type": self.config.environment}
+            environment: dict = {"type": self.config.environment, "kwargs": dict(self.config.environment_kwargs)}
             if self.config.environment == "docker":
                 closed = task.network == "model"  # no-network: the trial network is internal, the plug-in applies it
                 try:
@@ -141,7 +152,7 @@ class HarborDriver:
                 self._builds_offline = offline
                 extra = (network.compose_override(work, build_offline=offline and _builds(task.harbor_dir)),)
                 if closed:
-                    environment = {"type": None, "import_path": PLUGIN}
+                    environment = {**environment, "type": None, "import_path": PLUGIN}
                     env |= {"PYTHONPATH": str(_PLUGIN_DIR), MODEL_HOST: network.gateway}
             else:
                 box_url = server.box_port.url
@@ -177,7 +188,8 @@ class HarborDriver:
 
     async def _run(self, work: Path, extra_env: dict[str, str], limit_s: float, stop: asyncio.Event) -> str:
         """Run `harbor trial start`: "done", "stopped" (a stop rule matched) or "hung" (past `limit_s`)."""
-        env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
+        passed = (*_PASSED_ENV, *_CREDENTIALS.get(self.config.environment, ()), *self.config.pass_env)
+        env = {name: os.environ[name] for name in passed if name in os.environ}
         env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONUNBUFFERED": "1", **extra_env}
         with open(work / "harbor.log", "wb") as log:
             process = await asyncio.create_subprocess_exec(

@@ -264,3 +264,65 @@ async def test_a_grpo_step_is_fed_by_harbor_trials(tiny_model_dir, tmp_path):
     graded = [r for r in records if r.status == "ok"]
     assert len({r.reward for r in graded}) == 2  # the group trained on had a spread of Harbor's rewards
     assert all(any(e["kind"] == "harbor_trial" for e in r.events) for r in graded)
+
+
+# --------------------------------------------------------------------- what Harbor is given (no Docker)
+
+_FAKE_HARBOR = """#!{python}
+# Stands in for `harbor trial start -c FILE`: keeps what it was given, and writes a result with reward 1.
+import json, os, pathlib, sys
+config = json.loads(pathlib.Path(sys.argv[sys.argv.index("-c") + 1]).read_text())
+pathlib.Path({seen!r}).write_text(json.dumps({{"argv": sys.argv[1:], "env": dict(os.environ), "config": config}}))
+trial = pathlib.Path(config["trials_dir"]) / config["trial_name"]
+trial.mkdir(parents=True)
+(trial / "result.json").write_text(json.dumps({{"verifier_result": {{"rewards": {{"reward": 1.0}}}}}}))
+"""
+
+
+async def test_a_remote_environment_is_given_the_box_listen_url_its_credentials_and_nothing_else(
+        scripted, tiny_model_dir, tmp_path, monkeypatch):
+    import sys
+
+    from interceptor.config import ServerConfig, UpstreamConfig
+    from interceptor.server import InterceptionServer
+
+    seen = tmp_path / "seen.json"
+    fake = tmp_path / "harbor"
+    fake.write_text(_FAKE_HARBOR.format(python=sys.executable, seen=str(seen)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("DAYTONA_API_KEY", "daytona-credential")
+    monkeypatch.setenv("INTERCEPTOR_ADMIN_TOKEN", "never-for-harbor")
+    monkeypatch.setenv("MY_SETTING", "asked-for")
+    config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir, max_model_len=4096,
+                          box_listen="127.0.0.2:0", box_url="https://boxes.example.org")  # fmt: skip
+    async with InterceptionServer(config) as server:
+        driver = HarborDriver(HarborConfig(agent="claude-code", environment="daytona", harbor=fake,
+                                           environment_kwargs=(("target", "eu"),), pass_env=("MY_SETTING",)))  # fmt: skip
+        tasks = load_tasks(EXAMPLES / "write-greeting", harbor_runs=True)
+        driver.check(server, tasks)
+        (record,) = await Runner(server, RunnerConfig(driver=driver)).run_tasks(tasks)
+    assert record.status == "ok" and record.reward == 1.0, record.failure
+    given = json.loads(seen.read_text())
+    agent, environment = given["config"]["agent"], given["config"]["environment"]
+    assert agent["base_url"] == f"https://boxes.example.org/rollout/{record.rollout_id}"  # Anthropic's SDK adds /v1
+    assert (agent["name"], agent["model_name"], agent["model_api_format"]) == (
+        "claude-code", "anthropic/policy", "anthropic_messages")
+    assert environment["type"] == "daytona" and environment["kwargs"] == {"target": "eu"}
+    env = given["env"]
+    assert env["DAYTONA_API_KEY"] == "daytona-credential" and env["MY_SETTING"] == "asked-for"
+    assert "INTERCEPTOR_ADMIN_TOKEN" not in env and env[agent["model_api_key_name"]]  # the key, by name only
+    assert env[agent["model_api_key_name"]] not in json.dumps(given["config"])
+
+
+def test_harbor_options_without_the_harbor_driver_are_refused():
+    import argparse
+
+    from trainer.drivers import harbor_driver
+
+    base = dict(driver="interceptor", harbor_agent="pi", harbor_env="docker", harbor_install="box",
+                harbor_api_format=None, harbor_trials=None, harbor_env_kwarg=[], harbor_pass_env=[])  # fmt: skip
+    assert harbor_driver(argparse.Namespace(**base)) is None
+    with pytest.raises(SystemExit, match="--harbor-trials: only with --driver harbor"):
+        harbor_driver(argparse.Namespace(**{**base, "harbor_trials": "kept"}))
+    with pytest.raises(SystemExit, match="--harbor-env-kwarg is KEY=VALUE"):
+        harbor_driver(argparse.Namespace(**{**base, "driver": "harbor", "harbor_env_kwarg": ["flavor"]}))
