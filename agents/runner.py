@@ -17,6 +17,9 @@ isolation: a warning says so). Used as `async with Runner(...) as runner:`, sand
 (`RunnerConfig.pool`, `agents.sandbox.pool`): made, entered and with their first process started before a rollout
 asks, so its agent starts at once; a runner used without `async with` makes each sandbox when it is needed.
 
+A driver (`RunnerConfig.driver`, a `RolloutDriver`) may run each attempt instead, in boxes of its own: Harbor's trials
+(`agents.harbor.driver`); opening, finishing and recording the rollout stay here.
+
 A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
 installed), `sandbox` (set-up failed), `limit` (ended for going past a limit of its sandbox: disk), `upstream`
 (its last chat call failed upstream), `grader` (the grader could not decide), `cancelled`. Only `ok` rollouts carry a reward: an infrastructure fault never turns into one.

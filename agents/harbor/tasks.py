@@ -21,6 +21,10 @@ Read here, without Harbor itself (Python 3.11's `tomllib`):
 - `[environment].network_mode`: "no-network" (and no setting: this project's default) reach only the model,
   "allowlist" adds `allowed_hosts` as an egress list (ports 80 and 443), "public" is the open network.
 
+With `harbor_runs=True` (`--driver harbor`: Harbor runs them, `agents.harbor.driver`) only the id, instruction and
+limits are read (a task without a `network_mode` is then public, Harbor's default), no image is built and nothing
+below is refused: Harbor honours its own format.
+
 Refused, with the reason (never run differently from what the task says): multi-step tasks (`steps`), a Windows
 environment, an environment without a Dockerfile (docker-compose), a separate verifier environment, MCP servers,
 GPUs or TPUs, environment variables for the agent's container (`[environment].env`), a verifier or agent that must run
