@@ -57,6 +57,8 @@ def add_driver_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--harbor-api-format", metavar="FORMAT",
                         help="the API the agent speaks, as Harbor names it (default: the box install's)")
     parser.add_argument("--harbor-trials", metavar="DIR", help="keep Harbor's trial directories here")
+    parser.add_argument("--harbor-agent-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="Harbor's --agent-kwarg (skip_install=true for an image that carries the agent, ...)")
     parser.add_argument("--harbor-env-kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="Harbor's --environment-kwarg (a remote environment's flavor, namespace, ...)")
     parser.add_argument("--harbor-pass-env", action="append", default=[], metavar="NAME",

@@ -20,6 +20,7 @@ def harbor_driver(args: argparse.Namespace):
         harbor_only = [flag for flag, value in (("--harbor-trials", args.harbor_trials),
                                                 ("--harbor-api-format", args.harbor_api_format),
                                                 ("--harbor-env-kwarg", getattr(args, "harbor_env_kwarg", ())),
+                                                ("--harbor-agent-kwarg", getattr(args, "harbor_agent_kwarg", ())),
                                                 ("--harbor-pass-env", getattr(args, "harbor_pass_env", ()))) if value]  # fmt: skip
         if harbor_only:
             raise SystemExit(f"{', '.join(harbor_only)}: only with --driver harbor")
@@ -28,17 +29,14 @@ def harbor_driver(args: argparse.Namespace):
         raise SystemExit("--driver harbor runs Harbor tasks: --swe-repos is for Interceptor's own SWE runner")
     from agents.harbor.driver import HarborConfig, HarborDriver
 
-    kwargs = []
-    for item in getattr(args, "harbor_env_kwarg", ()):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--harbor-env-kwarg is KEY=VALUE, not {item!r}")
-        kwargs.append((key, value))
+    environment_kwargs = _pairs(getattr(args, "harbor_env_kwarg", ()), "--harbor-env-kwarg")
+    agent_kwargs = _pairs(getattr(args, "harbor_agent_kwarg", ()), "--harbor-agent-kwarg")
     try:
         return HarborDriver(HarborConfig(
             agent=args.harbor_agent, environment=args.harbor_env, install=args.harbor_install,
             api_format=args.harbor_api_format, trials_dir=Path(args.harbor_trials).resolve() if args.harbor_trials else None,
-            environment_kwargs=tuple(kwargs), pass_env=tuple(getattr(args, "harbor_pass_env", ())),
+            environment_kwargs=environment_kwargs, agent_kwargs=agent_kwargs,
+            pass_env=tuple(getattr(args, "harbor_pass_env", ())),
         ))  # fmt: skip
     except AgentConfigError as exc:
         raise SystemExit(f"--driver harbor: {exc}") from None
@@ -49,3 +47,13 @@ def check_driver(driver, server: InterceptionServer, tasks: Sequence[Task]) -> N
         driver.check(server, list(tasks))
     except AgentConfigError as exc:
         raise SystemExit(f"--driver harbor: {exc}") from None
+
+
+def _pairs(items, flag: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{flag} is KEY=VALUE, not {item!r}")
+        pairs.append((key, value))
+    return tuple(pairs)

@@ -95,6 +95,10 @@ class HarborConfig:
     def __post_init__(self) -> None:
         if self.install not in ("box", "harbor"):
             raise AgentConfigError(f"install is 'box' or 'harbor', not {self.install!r}")
+        if self.install == "box" and self.environment != "docker":
+            raise AgentConfigError(f"a {self.environment!r} box cannot mount this host's agent installs: use Harbor's "
+                                   f"installer (install 'harbor'), or an image that carries the agent (agent kwarg "
+                                   f"skip_install=true, with install 'harbor')")  # fmt: skip
         if self.install == "box":
             box_agent(self.agent)  # refuses an agent with no box install, saying which have one
         elif self.api_format is None:

@@ -64,7 +64,8 @@ def trial_config(*, task_dir: Path, trials_dir: Path, trial_name: str, agent: st
             "base_url": base_url,
             "model_api_key_name": KEY_VARIABLE,
             "model_api_format": api_format,
-            "kwargs": {**(agent_kwargs or {}), "skip_install": skip_install},
+            # a box install is mounted: Harbor's installer must not run; else the caller's kwargs decide
+            "kwargs": {**(agent_kwargs or {}), "skip_install": True} if skip_install else dict(agent_kwargs or {}),
             "env": dict(agent_env or {}),
             "override_setup_timeout_sec": setup_timeout_s,
         },

@@ -193,13 +193,16 @@ def test_an_agent_with_no_box_install_is_refused_naming_those_that_have_one(tmp_
         HarborConfig(agent="aider")
     with pytest.raises(AgentConfigError, match="give the agent's api_format"):
         HarborConfig(agent="aider", install="harbor")
+    with pytest.raises(AgentConfigError, match="'modal' box cannot mount this host's agent installs"):
+        HarborConfig(agent="pi", environment="modal")
 
 
 @harbor
 async def test_a_remote_environment_needs_the_box_listen_address_and_tasks_must_be_harbors(server, tmp_path):  # noqa: F811
     tasks = load_tasks(EXAMPLES, harbor_runs=True)
     with pytest.raises(AgentConfigError, match="'daytona' boxes are not on this host: start the server with box_listen"):
-        _driver(tmp_path, agent="pi", environment="daytona").check(server, tasks)
+        _driver(tmp_path, agent="pi", environment="daytona", install="harbor",
+                api_format="openai_chat_completions").check(server, tasks)
     jsonl = load_tasks(Path(__file__).resolve().parents[2] / "examples" / "tasks" / "arithmetic.jsonl")
     with pytest.raises(AgentConfigError, match="the Harbor driver runs Harbor tasks"):
         _driver(tmp_path, agent="pi").check(server, jsonl)
@@ -296,7 +299,8 @@ async def test_a_remote_environment_is_given_the_box_listen_url_its_credentials_
     config = ServerConfig(upstream=UpstreamConfig(base_url=scripted.url), model_dir=tiny_model_dir, max_model_len=4096,
                           box_listen="127.0.0.2:0", box_url="https://boxes.example.org")  # fmt: skip
     async with InterceptionServer(config) as server:
-        driver = HarborDriver(HarborConfig(agent="claude-code", environment="daytona", harbor=fake,
+        driver = HarborDriver(HarborConfig(agent="claude-code", environment="daytona", harbor=fake, install="harbor",
+                                           api_format="anthropic_messages", agent_kwargs=(("skip_install", "true"),),
                                            environment_kwargs=(("target", "eu"),), pass_env=("MY_SETTING",)))  # fmt: skip
         tasks = load_tasks(EXAMPLES / "write-greeting", harbor_runs=True)
         driver.check(server, tasks)
@@ -308,6 +312,7 @@ async def test_a_remote_environment_is_given_the_box_listen_url_its_credentials_
     assert (agent["name"], agent["model_name"], agent["model_api_format"]) == (
         "claude-code", "anthropic/policy", "anthropic_messages")
     assert environment["type"] == "daytona" and environment["kwargs"] == {"target": "eu"}
+    assert agent["kwargs"] == {"skip_install": "true"} and environment["mounts"] is None  # nothing of this host's
     env = given["env"]
     assert env["DAYTONA_API_KEY"] == "daytona-credential" and env["MY_SETTING"] == "asked-for"
     assert "INTERCEPTOR_ADMIN_TOKEN" not in env and env[agent["model_api_key_name"]]  # the key, by name only
