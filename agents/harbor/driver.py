@@ -151,10 +151,9 @@ class HarborDriver:
                     raise RolloutFailed("sandbox", f"the trial's network could not be made: {exc}") from exc
                 box_url = await server.box_port.expose(network.gateway)
                 stack.push_async_callback(server.box_port.withdraw, network.gateway)
-                offline = self._builds_offline if self._builds_offline is not None else not await has_default_bridge(
-                    self.config.docker)
-                self._builds_offline = offline
-                extra = (network.compose_override(work, build_offline=offline and _builds(task.harbor_dir)),)
+                if self._builds_offline is None:
+                    self._builds_offline = not await has_default_bridge(self.config.docker)
+                extra = (network.compose_override(work, build_offline=self._builds_offline and _builds(task.harbor_dir)),)
                 if closed:
                     environment = {**environment, "type": None, "import_path": PLUGIN}
                     env |= {"PYTHONPATH": str(_PLUGIN_DIR), MODEL_HOST: network.gateway}
