@@ -20,6 +20,7 @@ import asyncio
 import functools
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -30,11 +31,14 @@ from interceptor.errors import Conflict, NotFound, Unauthorized
 from interceptor.gate.stop_rules import StopHit
 from interceptor.gate.trajectory import Trajectory
 from interceptor.store.journal import Journal
+from interceptor.store.lineage_audit import audit_lineage
 from interceptor.store.records import Failure, RolloutRecord, RolloutStatus
 from interceptor.store.trace_log import TraceLog
 from interceptor.transport.upstream import AttemptBudget
 from interceptor.wire.body_cache import BodyCache
 from interceptor.wire.protocol import same_json
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Attempts", "Rollout", "RolloutRegistry", "RolloutView", "TurnResult", "TurnTrace"]
 
@@ -221,13 +225,21 @@ class Rollout:
         reward: float | None,
         journal: Journal | None = None,
     ) -> RolloutRecord:
-        """The record; the trace entries kept in `journal` are read back from it."""
+        """The record; the trace entries kept in `journal` are read back from it. Samples that fail the lineage
+        audit (`lineage_audit.py`) make it `failed` with cause `lineage` and no reward, whatever it ended as."""
         read_traces = functools.partial(journal.traces, self.id) if journal is not None else None
+        samples = self.trajectory.samples() if self.trajectory else []
+        problems = audit_lineage(samples)
+        if problems:
+            log.error("rollout %s: its samples fail the lineage audit: %s", self.id, "; ".join(problems[:5]))
+            self.note("lineage_audit_failed", problems=problems[:20])
+            failure = Failure(cause="lineage", message="the samples fail the lineage audit: " + problems[0])
+            status, reward = "failed", None
         return RolloutRecord(
             rollout_id=self.id,
             mode=self.mode,
             status=status,
-            samples=self.trajectory.samples() if self.trajectory else [],
+            samples=samples,
             trace=self.trace.entries(read_traces, _entry_dict),
             usage={
                 "prompt_tokens": self.prompt_tokens,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from interceptor.store.lineage_audit import audit_lineage
 from interceptor.store.records import RolloutRecord
 from tests.fakes import Call
 
@@ -12,7 +13,10 @@ __all__ = ["assert_token_exact"]
 
 def assert_token_exact(record: RolloutRecord, calls: list[Call]) -> None:
     """Every mask-1 token was sampled by the policy given exactly the tokens before it, with the logprob the
-    policy reported; everything else is mask 0 with logprob 0.0; the three arrays have one length."""
+    policy reported; everything else is mask 0 with logprob 0.0; the three arrays have one length. A sampled token
+    with mask 0 is trained in an earlier sample with the same ids through it (train once), and the record passes
+    the lineage audit."""
+    assert audit_lineage(record.samples) == [], audit_lineage(record.samples)
     for sample in record.samples:
         n = len(sample.input_ids)
         assert n == len(sample.completion_mask) == len(sample.old_logprobs), f"sample {sample.index}: lengths"
@@ -23,11 +27,21 @@ def assert_token_exact(record: RolloutRecord, calls: list[Call]) -> None:
             matches = [c for c in calls if c.prompt_ids == prompt and c.token_ids == sampled]
             assert matches, f"sample {sample.index}: turn at {turn.completion_start} was never sampled from that prompt"
             logprobs = sample.old_logprobs[turn.completion_start : turn.completion_end]
-            assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) for a, b in zip(logprobs, matches[0].logprobs))
+            mask = sample.completion_mask[turn.completion_start : turn.completion_end]
+            assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) for a, b, m in
+                       zip(logprobs, matches[0].logprobs, mask) if m)  # fmt: skip
             sampled_positions.update(range(turn.completion_start, turn.completion_end))
         for i in range(n):
             if i in sampled_positions:
-                assert sample.completion_mask[i] == 1, f"sample {sample.index}: position {i} should be mask 1"
+                assert sample.completion_mask[i] == 1 or _trained_before(record, sample.index, i), (
+                    f"sample {sample.index}: position {i} should be mask 1 (no earlier sample trains it)")
             else:
                 assert sample.completion_mask[i] == 0, f"sample {sample.index}: position {i} should be mask 0"
                 assert sample.old_logprobs[i] == 0.0
+
+
+def _trained_before(record: RolloutRecord, index: int, position: int) -> bool:
+    """Whether an earlier sample has the same ids through `position` and trains it."""
+    ids = record.samples[index].input_ids[: position + 1]
+    return any(s.input_ids[: position + 1] == ids and s.completion_mask[position] == 1
+               for s in record.samples[:index] if len(s.input_ids) > position)

@@ -38,6 +38,10 @@ The config file is TOML; every key is optional except `tasks`:
     port = 0                        # 0: a free port
     view = false                    # the run viewer at /view on the server's port (and / redirects there)
 
+    [chain_weights]                 # each chain kind's weight on its rollout's advantage (the defaults below)
+    main = 1.0                      # also: fork, subagent, compaction = 1.0; summary (compaction summaries) and
+    auxiliary = 0.0                 # auxiliary (title requests) = 0.0, left out
+
 Any key can be set on the command line too: `--set max_steps=2 --set view=true` (the value is read as TOML, and a
 bare word as a string). Secrets come from the environment, never from the file or argv: INTERCEPTOR_ADMIN_TOKEN
 turns on the admin API (and guards /metrics), INTERCEPTOR_VIEW_TOKEN guards the viewer.
@@ -109,6 +113,9 @@ class TrainConfig:
     harbor_trials: str = ""
     box_listen: str = ""  # HOST:PORT for boxes not on this host (`interceptor.box_port`); box_url: what they are told
     box_url: str = ""
+    # each chain kind's weight on its rollout's advantage (`trainer.rl.advantages`): e.g. {summary = 1.0} trains
+    # compaction summaries too; kinds not named keep their defaults
+    chain_weights: dict = field(default_factory=dict)
     upstreams: tuple[str, ...] = field(init=False, repr=False)  # `upstream` parsed: ("local",) or the URLs
 
     def __post_init__(self) -> None:
@@ -136,6 +143,11 @@ class TrainConfig:
             raise ValueError(f"weight_sync must be 'reload' or 'nccl', not {self.weight_sync!r}")
         if self.weight_sync == "nccl" and (self.local or len(self.upstreams) > 1):
             raise ValueError("weight_sync = 'nccl' is TRL's transfer to one vLLM server: upstream must be its URL")
+        if not isinstance(self.chain_weights, dict):
+            raise ValueError(f"chain_weights must be a table of kind = weight, not {self.chain_weights!r}")
+        from trainer.rl.advantages import GroupFilter
+
+        GroupFilter(chain_weights=self.chain_weights)  # refuses an unknown kind or a negative weight here
         if self.driver not in ("interceptor", "harbor"):
             raise ValueError(f"driver must be 'interceptor' or 'harbor', not {self.driver!r}")
         if self.driver == "harbor" and self.fleet:
@@ -284,7 +296,7 @@ async def train(config: TrainConfig) -> TrainResult:
                 num_generations=config.num_generations,
                 samples_per_step=config.samples_per_step,
                 max_staleness=config.max_staleness,
-                filter=GroupFilter(),
+                filter=GroupFilter(chain_weights=config.chain_weights),
                 max_empty_groups=config.max_empty_groups,
                 max_failed_groups=config.max_failed_groups,
             ),

@@ -22,16 +22,16 @@ All methods are synchronous: on one event loop, `plan` and `commit` never interl
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import json
 from array import array
 from dataclasses import dataclass, field
 
 import orjson
 
 from interceptor.errors import BadRequest
-from interceptor.gate.branch_record import BranchRecord, build_samples
+from interceptor.gate.branch_record import BranchRecord, Lineage, build_samples
+from interceptor.gate.history import message_key, same_history
+from interceptor.gate.lineage import place
 from interceptor.store.records import Generation, SampleRecord, TurnRecord
 from interceptor.tokens.ids_json import IdsJson, PromptJson
 from interceptor.tokens.rendering import Renderer
@@ -55,6 +55,8 @@ class _Branch(BranchRecord):
     busy: bool = False
     journaled: bool = False  # its first commit (which says where it came from) has been handed out
     closing: tuple[dict, int] | None = None  # its last message, normalised, and `Renderer.closing_turns` of it
+    calls: list[tuple[int, dict]] = field(default_factory=list)  # (turn, a tool call returned on it): `lineage.py`
+    claimed: set = field(default_factory=set)  # ids of those calls that opened a chain
 
     @property
     def covered(self) -> int:
@@ -72,7 +74,7 @@ class _Branch(BranchRecord):
         O(1) in the history."""
         asked = self.asked
         if carried[0] is not asked or carried[1] < len(asked):
-            return _same_history(self.messages, messages)
+            return same_history(self.messages, messages)
         echo, answer = messages[len(asked)], self.answer
         return echo == answer or message_key(echo) == message_key(answer)
 
@@ -82,6 +84,7 @@ class _Branch(BranchRecord):
             tools_digest=self.tools_digest,
             system_digest=self.system_digest,
             fork_reason=reason,
+            lineage=Lineage("fork", self.number, len(self.turns) - 1, "history"),
             parts=list(self.parts),
             length=self.length,
             sampled_logprobs=array("f", self.sampled_logprobs),
@@ -123,39 +126,6 @@ class TurnPlan:
         return orjson.loads(self.prompt.json)
 
 
-def message_key(message: dict) -> tuple:
-    """What must be equal for two (normalised) messages to be the same turn of a conversation.
-
-    Assistant messages compare by content and tool calls (arguments as parsed JSON, since agents re-serialise
-    them); reasoning is left out: agents echo it back or drop it, and the recorded ids keep what was sampled.
-    """
-    role = message["role"]
-    if role == "assistant":
-        calls = tuple(
-            (c["function"]["name"], _canonical_arguments(c["function"]["arguments"]))
-            for c in message.get("tool_calls") or ()
-        )
-        return ("assistant", (message.get("content") or "").strip(), calls)
-    return (role, message.get("content", ""), message.get("tool_call_id"))
-
-
-def _same_history(recorded: list[dict], incoming: list[dict]) -> bool:
-    """Whether `incoming` starts with the `recorded` conversation. Equal dicts compare in C; only messages that
-    differ as dicts (the agent's echo of an assistant turn this server returned) are compared by `message_key`."""
-    n = len(recorded)
-    if incoming[:n] == recorded:
-        return True
-    return all(a == b or message_key(a) == message_key(b) for a, b in zip(recorded, incoming[:n]))
-
-
-@functools.lru_cache(maxsize=4096)
-def _canonical_arguments(arguments: str) -> str:
-    try:
-        return orjson.dumps(json.loads(arguments), option=orjson.OPT_SORT_KEYS).decode()
-    except (ValueError, TypeError):
-        return arguments
-
-
 class Trajectory:
     def __init__(self, renderer: Renderer, *, stop_ids: frozenset[int]) -> None:
         self._renderer = renderer
@@ -168,7 +138,7 @@ class Trajectory:
         return self._created
 
     def plan(self, messages: list[dict], tools: list[dict] | None, tkey: bytes | None = None,
-             carried: tuple[list[dict] | None, int] = (None, 0)) -> TurnPlan:
+             carried: tuple[list[dict] | None, int] = (None, 0), request_kind: str | None = None) -> TurnPlan:
         """Reserve the next turn for these messages: extend the branch they continue, or fork. `tkey` is
         `tools_key(tools)` when the caller has it already; `carried` is `ChatRequest.carried`. The trajectory
         keeps `messages` as they are: the caller does not change the list afterwards."""
@@ -176,7 +146,8 @@ class Trajectory:
         plan, reason = self.extend(messages, tools, tkey, carried)
         if plan is not None:
             return plan
-        return self.fork(messages, tkey, self._renderer.render_full_json(messages, tools), reason=reason)
+        return self.fork(messages, tkey, self._renderer.render_full_json(messages, tools), reason=reason,
+                         request_kind=request_kind)
 
     def extend(self, messages: list[dict], tools: list[dict] | None, tkey: bytes,
                carried: tuple[list[dict] | None, int] = (None, 0)) -> tuple[TurnPlan | None, str | None]:
@@ -222,14 +193,17 @@ class Trajectory:
             ), None
         return None, reason
 
-    def fork(self, messages: list[dict], tkey: bytes, prompt: IdsJson, *, reason: str | None) -> TurnPlan:
-        """Reserve the next turn on a new branch whose prompt is `prompt`, the full render of `messages`."""
+    def fork(self, messages: list[dict], tkey: bytes, prompt: IdsJson, *, reason: str | None,
+             request_kind: str | None = None) -> TurnPlan:
+        """Reserve the next turn on a new branch whose prompt is `prompt`, the full render of `messages`, placed in
+        the rollout's tree (`lineage.place`; `request_kind` is the dialect's word for it)."""
         system = messages[0] if messages[0]["role"] == "system" else None
         branch = _Branch(
             number=self._number(),
             tools_digest=_digest(tkey),
             system_digest=_digest(orjson.dumps(system)) if system else "",
             fork_reason=(reason or self._why_not_extended(messages, tkey)) if self._branches else None,
+            lineage=place(self._branches, messages, tkey, request_kind),
             system=system,
             tools_key=tkey,
         )
@@ -267,12 +241,14 @@ class Trajectory:
         })
         # The agent's own list, not a copy: its next request carries the same objects (`ChatRequest.carried`).
         branch.asked, branch.answer = plan.request_messages, returned
+        branch.calls.extend((len(branch.turns) - 1, call) for call in returned.get("tool_calls") or ())
         branch.open_turn = not generation.token_ids or generation.token_ids[-1] not in self._stop_ids
         branch.busy = False
         delta = {"b": branch.number, "p": orjson.Fragment(plan.new_prompt.json), "t": generation.token_ids,
                  "l": generation.logprobs, "turn": {name: getattr(turn, name) for name in _TURN_FIELDS}}
         if first:
-            delta.update(o=branch.origin, fr=branch.fork_reason, tk=branch.tools_digest, sk=branch.system_digest)
+            delta.update(o=branch.origin, fr=branch.fork_reason, tk=branch.tools_digest, sk=branch.system_digest,
+                         ln=branch.lineage.to_list() if branch.lineage is not None else None)
         return delta
 
     def prepare_next(self, branch: _Branch, tools: list[dict] | None) -> None:

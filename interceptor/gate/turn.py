@@ -147,7 +147,8 @@ async def _plan(policy: Policy, rollout: Rollout, request: ChatRequest, *, heavy
             reason = f"{request.request_kind} request" + (f" ({reason})" if reason else "")
         if plan is None:
             prompt = await policy.renders.render_full(request.messages, request.tools, request.tools_key, off_loop=heavy)
-            plan = trajectory.fork(request.messages, request.tools_key, prompt, reason=reason)
+            plan = trajectory.fork(request.messages, request.tools_key, prompt, reason=reason,
+                                   request_kind=request.request_kind)
     return plan
 
 

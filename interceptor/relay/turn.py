@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 
 from interceptor.errors import ApiError, UpstreamError, UpstreamUnavailable, error_body
-from interceptor.gate.trajectory import message_key
+from interceptor.gate.history import message_key
 from interceptor.rollouts import Rollout
 from interceptor.store.journal import Journal
 from interceptor.transport.replicas import ReplicaSet

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-from interceptor.gate.branch_record import BranchRecord, build_samples
+from interceptor.gate.branch_record import BranchRecord, Lineage, build_samples
 from interceptor.store.recorder import recorded_ids
 from interceptor.store.records import Failure, RolloutRecord, TurnRecord
 from interceptor.store.trace_log import Spot
@@ -188,13 +188,14 @@ class _Recovered:
         record = self.branches.get(number)
         if record is None:
             origin = branch.get("o")
+            lineage = Lineage(*branch["ln"]) if branch.get("ln") else None  # absent in journals from before lineages
             if origin is not None:
-                record = self.branches[origin[0]].copy_through(origin[1], number=number, fork_reason=branch["fr"])
+                record = self.branches[origin[0]].copy_through(origin[1], number=number, fork_reason=branch["fr"],
+                                                               lineage=lineage)
                 record.tools_digest, record.system_digest = branch["tk"], branch["sk"]
             else:
-                record = BranchRecord(
-                    number=number, tools_digest=branch["tk"], system_digest=branch["sk"], fork_reason=branch["fr"]
-                )
+                record = BranchRecord(number=number, tools_digest=branch["tk"], system_digest=branch["sk"],
+                                      fork_reason=branch["fr"], lineage=lineage)
             self.branches[number] = record
         turn = record.append_turn(IdsJson.of(branch["p"]), branch["t"], branch["l"],
                                   {k: v for k, v in branch["turn"].items() if k not in _POSITIONS})

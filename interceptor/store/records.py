@@ -4,7 +4,9 @@ A `Generation` is what the policy sampled for one turn, as the upstream returned
 A `SampleRecord` is one linear token sequence the policy conditioned on: `input_ids`, `completion_mask` (1 where
 the policy sampled the token), `old_logprobs` (vLLM's logprob of each sampled token, 0.0 where the mask is 0),
 and the turns that built it. A `RolloutRecord` holds one rollout's samples (one per branch of the conversation:
-forks start new samples), its message trace, usage, status and failure cause.
+forks start new samples), its message trace, usage, status and failure cause. Each sample is a chain of the
+rollout's tree (`ChainRecord`: main, a fork of it, a sub-agent, a compaction's resumed chain, a summary, an
+auxiliary side call), and every sampled token has mask 1 in exactly one sample (`store/train_once.py` audits it).
 
 Serialised as JSON Lines with orjson, one rollout per line, tagged with `SCHEMA`.
 """
@@ -17,7 +19,10 @@ from typing import Literal
 import orjson
 
 __all__ = [
+    "CHAIN_KINDS",
+    "CHAIN_LINKS",
     "SCHEMA",
+    "ChainRecord",
     "Failure",
     "Generation",
     "RolloutRecord",
@@ -63,6 +68,26 @@ class TurnRecord:
     spans_sync: bool = False
 
 
+# main: the agent's own conversation (the root); fork: the same conversation with a rewritten history or a concurrent
+# turn; subagent: a chain started by a tool call of its parent; compaction: the chain resumed from a summary of its
+# parent; summary: the request that wrote that summary; auxiliary: a side call (a title), a leaf.
+CHAIN_KINDS = ("main", "fork", "subagent", "compaction", "summary", "auxiliary")
+# How a chain's parent was found: the tool call whose prompt opens it, the history it shares, the summary it
+# resumes from, or (nothing else matching) the chain most recently answered when it began.
+CHAIN_LINKS = ("tool_call", "history", "summary", "timing")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChainRecord:
+    """Where a sample sits in its rollout's tree of chains."""
+
+    kind: str  # one of CHAIN_KINDS
+    parent: int | None = None  # the parent chain's sample index; None for the root
+    parent_turn: int | None = None  # the parent's turn (an index into its `turns`) this chain hangs from
+    linked_by: str | None = None  # one of CHAIN_LINKS; None for the root
+    shared: int = 0  # leading token ids equal to the parent's: where its sampled tokens are context here
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SampleRecord:
     index: int
@@ -72,6 +97,10 @@ class SampleRecord:
     turns: list[TurnRecord]
     auxiliary: bool  # a side call (different system prompt or tools, e.g. a title request): not for training
     fork_reason: str | None  # why this sample did not extend an earlier one (None for the first sample)
+    # Its place in the rollout's tree; None in records written before chains were recorded. Tokens a turn of this
+    # sample sampled that have mask 0 were trained in an earlier sample with the same ids before them (a copied
+    # history): each sampled token has mask 1 once in a rollout.
+    chain: ChainRecord | None = None
 
     def __post_init__(self) -> None:
         if not len(self.input_ids) == len(self.completion_mask) == len(self.old_logprobs):
@@ -80,6 +109,13 @@ class SampleRecord:
     @property
     def completion_tokens(self) -> int:
         return sum(self.completion_mask)
+
+    @property
+    def kind(self) -> str:
+        """The chain's kind; for records without chains, "auxiliary" or "main"/"fork" by position."""
+        if self.chain is not None:
+            return self.chain.kind
+        return "auxiliary" if self.auxiliary else ("main" if self.fork_reason is None else "fork")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,7 +159,9 @@ class RolloutRecord:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"unknown record schema {data.get('schema')!r}; this reader knows {SCHEMA!r}")
         samples = [
-            SampleRecord(**{**s, "turns": [TurnRecord(**t) for t in s["turns"]]}) for s in data["samples"]
+            SampleRecord(**{**s, "turns": [TurnRecord(**t) for t in s["turns"]],
+                            "chain": ChainRecord(**s["chain"]) if s.get("chain") else None})
+            for s in data["samples"]
         ]
         failure = Failure(**data["failure"]) if data.get("failure") else None
         return cls(**{**data, "samples": samples, "failure": failure})

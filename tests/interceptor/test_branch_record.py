@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from interceptor.gate.branch_record import BranchRecord, build_samples
+from interceptor.gate.branch_record import BranchRecord, Lineage, build_samples
 from interceptor.tokens.ids_json import IdsJson, PromptJson
 
 FIELDS = {"finish_reason": "stop", "malformed_tool_call": False, "model": "m", "policy_version": 0, "seconds": 0.0}
@@ -57,5 +57,32 @@ def test_a_branch_copied_through_a_turn_holds_the_ids_up_to_it_and_not_the_paren
     assert parent.ids() == [1, 2, 3, 4, 5, 6, 7, 8] and child.ids() == [1, 2, 3, 9, 10]
     samples = build_samples([parent, child])
     assert samples[1].input_ids == [1, 2, 3, 9, 10]
-    assert samples[1].completion_mask == [0, 0, 1, 0, 1]
-    assert samples[1].old_logprobs == [0.0, 0.0, -0.5, 0.0, -0.30000001192092896]
+    # Token 3 was sampled in the parent and is trained there: the copy keeps its turn but holds it as context.
+    assert samples[0].completion_mask == [0, 0, 1, 0, 1, 1, 0, 1]
+    assert samples[1].completion_mask == [0, 0, 0, 0, 1]
+    assert samples[1].old_logprobs == [0.0, 0.0, 0.0, 0.0, -0.30000001192092896]
+    assert len(samples[1].turns) == 2
+    assert samples[1].chain.parent == 0 and samples[1].chain.shared == 3
+
+
+def test_the_same_ids_sampled_in_two_samples_are_trained_in_the_first_only():
+    first = branch_with([([1, 2], [3, 4]), ([5], [6])])
+    second = branch_with([([1, 2], [3, 9])], number=2)  # the same prompt drew 3 again, then 9
+    third = branch_with([([7], [8])], number=3)  # shares nothing
+    samples = build_samples([first, second, third])
+    assert [s.completion_mask for s in samples] == [[0, 0, 1, 1, 0, 1], [0, 0, 0, 1], [0, 1]]
+    assert samples[1].old_logprobs == [0.0, 0.0, 0.0, -0.5]
+
+
+def test_samples_form_one_tree_under_the_main_chain_whatever_order_the_chains_began_in():
+    title = BranchRecord(number=1, tools_digest="", system_digest="s", fork_reason=None,
+                         lineage=Lineage("auxiliary"))  # a title request made before the main one
+    title.append_turn(IdsJson.of([1]), [2], [-0.1], dict(FIELDS))
+    main = branch_with([([3, 4], [5])], number=2)
+    main.lineage = Lineage("main")
+    child = branch_with([([6], [7])], number=3)
+    child.lineage = Lineage("subagent", 2, 0, "tool_call")
+    samples = build_samples([title, main, child])
+    assert [(s.chain.kind, s.chain.parent, s.chain.parent_turn, s.chain.linked_by) for s in samples] == [
+        ("auxiliary", 1, None, "timing"), ("main", None, None, None), ("subagent", 1, 0, "tool_call")]
+    assert [s.auxiliary for s in samples] == [True, False, False]

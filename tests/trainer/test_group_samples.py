@@ -4,9 +4,11 @@ nothing, and each sample carries the oldest policy version that generated any of
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from interceptor.store.records import Failure, RolloutRecord, SampleRecord, TurnRecord
+from interceptor.store.records import ChainRecord, Failure, RolloutRecord, SampleRecord, TurnRecord
 from trainer.rl.advantages import GroupFilter, build_group
 
 
@@ -45,3 +47,40 @@ def test_each_sample_carries_the_lowest_policy_version_among_its_turns():
     records = [record("a", 1.0, versions=(3, 4, 4)), record("b", 0.0, versions=(4,))]
     outcome = build_group(records, group_id=0, model_version=2, rules=GroupFilter())
     assert [s.model_version for s in outcome.samples] == [3, 4]  # not the version the group was dispatched at
+
+
+def tree_record(rid: str, reward: float) -> RolloutRecord:
+    """A rollout whose tree holds a main chain, a sub-agent, a compaction summary and a title request."""
+    base = record(rid, reward).samples[0]
+    kinds = [("main", None), ("subagent", 0), ("summary", 0), ("auxiliary", 0)]
+    samples = [replace(base, index=i, auxiliary=kind in ("summary", "auxiliary"),
+                       chain=ChainRecord(kind=kind, parent=parent, parent_turn=0 if parent is not None else None,
+                                         linked_by="timing" if parent is not None else None))
+               for i, (kind, parent) in enumerate(kinds)]  # fmt: skip
+    return replace(record(rid, reward), samples=samples)
+
+
+def test_the_rollouts_advantage_reaches_every_chain_by_its_kinds_weight():
+    records = [tree_record("a", 1.0), tree_record("b", 0.0)]
+    outcome = build_group(records, group_id=0, model_version=1, rules=GroupFilter())
+    assert len(outcome.samples) == 4  # main and sub-agent of each; summaries and titles are out by default
+    assert [round(s.advantage, 4) for s in outcome.samples] == [1.0, 1.0, -1.0, -1.0]
+    weighted = GroupFilter(chain_weights={"subagent": 0.5, "summary": 1.0})
+    outcome = build_group(records, group_id=0, model_version=1, rules=weighted)
+    assert [round(s.advantage, 4) for s in outcome.samples] == [1.0, 0.5, 1.0, -1.0, -0.5, -1.0]
+
+
+def test_a_weight_for_an_unknown_kind_or_below_zero_is_refused():
+    with pytest.raises(ValueError, match="unknown kinds \\['subagents'\\]"):
+        GroupFilter(chain_weights={"subagents": 1.0})
+    with pytest.raises(ValueError, match="chain_weights.summary must be a finite number >= 0"):
+        GroupFilter(chain_weights={"summary": -1.0})
+
+
+def test_a_samples_staleness_is_that_of_the_turns_it_trains_not_those_it_carries():
+    sample = record("a", 1.0, versions=(2, 5)).samples[0]
+    carried = replace(sample, completion_mask=[0, 0, 0, 0, 0, 0, 1, 1],
+                      old_logprobs=[0.0] * 6 + [-0.5, -0.5])  # its first turn is trained in another sample
+    records = [replace(record("a", 1.0), samples=[carried]), record("b", 0.0, versions=(5,))]
+    outcome = build_group(records, group_id=0, model_version=1, rules=GroupFilter())
+    assert [s.model_version for s in outcome.samples] == [5, 5]

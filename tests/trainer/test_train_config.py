@@ -24,6 +24,8 @@ def test_overrides_replace_the_files_keys_and_read_values_as_toml(config_file):
                                             "learning_rate=3e-6", "out = runs/x"])
     assert (config.max_steps, config.view, config.host, config.agent) == (2, True, "0.0.0.0", "command")
     assert config.learning_rate == 3e-6 and config.out == Path("runs/x")  # a bare word is a string
+    weighted = TrainConfig.load(config_file, ["chain_weights={summary = 1.0, auxiliary = 0.5}"])
+    assert weighted.chain_weights == {"summary": 1.0, "auxiliary": 0.5}
 
 
 @pytest.mark.parametrize(
@@ -34,6 +36,9 @@ def test_overrides_replace_the_files_keys_and_read_values_as_toml(config_file):
         (["port=true"], "port must be int, not True"),
         (["colour=red"], "unknown keys ['colour']"),
         (["max_steps"], "--set wants KEY=VALUE, not 'max_steps'"),
+        (["chain_weights={subagents = 1.0}"], "chain_weights: unknown kinds ['subagents']"),
+        (["chain_weights={summary = -1}"], "chain_weights.summary must be a finite number >= 0"),
+        (["chain_weights=1"], "chain_weights must be a table of kind = weight, not 1"),
     ],
 )
 def test_a_bad_override_is_refused_naming_it(config_file, overrides, message):

@@ -247,7 +247,15 @@ def _group_metrics(records, outcome, dispatched: int, current: int) -> dict:
         "rollouts/sampled_tokens_per_s": sampled / seconds,
         "rollouts/staleness_at_finish": float(current - dispatched),
         "rollouts/samples_total": float(len(outcome.samples)),
+        # the tree's size and what of it trains: each sampled token has mask 1 in one sample of its rollout
+        "rollouts/samples_per_rollout": statistics.fmean(len(r.samples) for r in records),
+        "rollouts/sampled_tokens_per_rollout": sampled / len(records),
     }
+    graded = len(outcome.rewards)
+    if outcome.trained and graded:
+        trained = sum(int(s.completion_mask.sum()) for s in outcome.samples)
+        metrics["rollouts/trained_samples_per_rollout"] = len(outcome.samples) / graded
+        metrics["rollouts/trained_tokens_per_rollout"] = trained / graded
     for cause, count in outcome.failures.items():
         metrics[f"rollouts/failed_{cause}_total"] = float(count)
     for reason, count in outcome.dropped.items():
