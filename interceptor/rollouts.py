@@ -131,7 +131,10 @@ class Rollout:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     upstream_failures: int = 0
-    trailing_upstream_failures: int = 0  # since the last chat call that succeeded: a run that ends here failed
+    # per chain (`TurnPlan.chain`; one chain in black_box): its chat calls that failed upstream since its last
+    # success. A run that ends with any is failed: a sub-agent lost to the upstream is not the policy's doing, even
+    # when the main chain goes on
+    chain_failures: dict = field(default_factory=dict)
     last_upstream_error: str = ""
     server_error: str = ""  # a defect of the server's on one of its turns (a 500): the rollout cannot be trusted
     # request fingerprint -> that turn's tries, for SDK retries
@@ -182,10 +185,18 @@ class Rollout:
         """`value` with this rollout's secrets replaced by "[redacted]"."""
         return _scrub(value, (self.secret, self.tools_secret))
 
-    def upstream_failed(self, message: str) -> None:
+    def upstream_failed(self, message: str, chain: object = None) -> None:
         self.upstream_failures += 1
-        self.trailing_upstream_failures += 1
+        self.chain_failures[chain] = self.chain_failures.get(chain, 0) + 1
         self.last_upstream_error = message
+
+    def upstream_succeeded(self, chain: object = None) -> None:
+        self.chain_failures.pop(chain, None)
+
+    @property
+    def trailing_upstream_failures(self) -> int:
+        """Chat calls that failed upstream since their chain's last success, over every chain."""
+        return sum(self.chain_failures.values())
 
     def server_failed(self, message: str) -> None:
         self.server_error = self.server_error or message  # the first one: what came after may follow from it

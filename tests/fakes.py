@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,14 +51,29 @@ class ScriptedUpstream:
         self.max_model_len = max_model_len
         self.default_reply = default_reply
         self.replies: deque = deque()
+        self.routes: list[tuple[Callable[[str], bool], deque]] = []
         self.calls: list[Call] = []
         self._rng = random.Random(0)
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     def script(self, *replies) -> None:
-        """Queue replies: a str (ends with the end-of-turn token), ("length", str) for a cut turn, a Fault, a Slow."""
+        """Queue replies: a str (ends with the end-of-turn token), ("length", str) for a cut turn, a Fault, a Slow,
+        or a function of the prompt (decoded) returning a str (a reply that quotes an id the agent sent)."""
         self.replies.extend(replies)
+
+    def route(self, when: Callable[[str], bool], *replies) -> None:
+        """Queue replies for the calls whose prompt (decoded) `when` accepts, such as a sub-agent's, whose turns
+        interleave with its parent's. Routes are tried in the order they were added, then the plain queue."""
+        self.routes.append((when, deque(replies)))
+
+    def _next_reply(self, prompt: list[int]):
+        if self.routes:
+            text = self.tokenizer.decode(prompt)
+            for when, replies in self.routes:
+                if replies and when(text):
+                    return replies.popleft()
+        return self.replies.popleft() if self.replies else self.default_reply
 
     async def __aenter__(self) -> ScriptedUpstream:
         app = web.Application()
@@ -80,7 +96,9 @@ class ScriptedUpstream:
 
     async def _completions(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
-        reply = self.replies.popleft() if self.replies else self.default_reply
+        reply = self._next_reply(body["prompt"])
+        if callable(reply):
+            reply = reply(self.tokenizer.decode(body["prompt"]))
         if isinstance(reply, Fault):
             await asyncio.sleep(reply.delay_s)
             return web.json_response({"error": {"message": reply.message}}, status=reply.status)

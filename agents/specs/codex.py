@@ -6,9 +6,10 @@ dialect. Configuration, in `$CODEX_HOME/config.toml` (0600, in the rollout's own
   `experimental_bearer_token` (in the 0600 file, not in the environment that its `exec_command` tool processes
   inherit), and `request_max_retries` / `stream_max_retries` (default 2 here; Codex makes 30 attempts in ~25 s on a
   500 otherwise): a failing upstream costs a few requests, not a storm;
-- `[analytics] enabled = false` and `[features] plugins = false`: no outside traffic; sub-agents
-  (`[agents] enabled = false`), `web_search` and `image_generation` off: their tools are not plain functions (a
-  `namespace` tool, built-in ones), which the Responses dialect refuses;
+- `[analytics] enabled = false` and `[features] plugins = false`: no outside traffic; `web_search` and
+  `image_generation` off: built-in tools, which the Responses dialect refuses. Sub-agents are on (`multi_agent_v1`, a
+  `namespace` tool: `spawn_agent`, `wait_agent`, ...): each is a chain of the rollout's tree under the turn whose
+  `spawn_agent` call opened it; `sub_agents=False` turns them off (`[agents] enabled = false`);
 - `approval_policy = "never"`, `sandbox_mode = "danger-full-access"`: the rollout's sandbox is the boundary, Codex's
   own (Landlock/seccomp) would need privileges the sandbox does not give;
 - `shell_environment_policy`: the tool processes inherit the core variables only; `allow_login_shell = false`:
@@ -55,6 +56,7 @@ class CodexAgent:
     context_window: int = 32768  # tell Codex the policy's max_model_len (model_context_window)
     max_retries: int = 2  # request_max_retries and stream_max_retries
     extra_args: tuple[str, ...] = ()  # placed after `exec`
+    sub_agents: bool = True  # Codex's multi-agent tools (spawn_agent and the rest)
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.context_window < 1:
@@ -84,7 +86,8 @@ class CodexAgent:
         lines += ["", f"[model_providers.{_PROVIDER}]", *(f"{k} = {_toml(v)}" for k, v in provider.items())]
         lines += ["", "[analytics]", "enabled = false", "", "[features]"]
         lines += [f"{feature} = false" for feature in _FEATURES_OFF]
-        lines += ["", "[agents]", "enabled = false"]  # sub-agents come as a `namespace` tool
+        if not self.sub_agents:
+            lines += ["", "[agents]", "enabled = false"]
         lines += ["", "[shell_environment_policy]", 'inherit = "core"']
         config = BoxFile(codex_home / "config.toml", ("\n".join(lines) + "\n").encode(), 0o600)
         return AgentLaunch(

@@ -4,14 +4,16 @@ A chain is a branch (`trajectory.py`): requests whose prompts extend each other.
 starts a new one, placed here from what the agent sent, in this order:
 
 1. **summary**: the dialect marked it a compaction request (`ChatRequest.request_kind`); its parent is the chain
-   whose history it carries (the longest shared run of messages).
-2. **compaction**: a message carries a summary this server wrote (a line of a summary chain's answer); its parent
-   is the chain that summary summarised.
+   whose history it carries (the longest shared run of messages), from that chain's latest turn (agents rewrite
+   parts of the history they summarise, so the shared run can end earlier).
+2. **compaction**: a message carries a summary this server wrote (a line of a summary chain's answer, tags such as
+   `<summary>` left out); its parent is the chain that summary summarised.
 3. **fork**: same tools, and it shares at least its first message after the system prompt with a chain (a
    rewritten history); its parent is the chain sharing the most, from that chain's last turn inside the shared part.
-4. **subagent**: its opening user message carries a string argument of a tool call this server returned (Claude
+4. **subagent**: its opening user messages (those before its first assistant turn) carry a string argument of a tool call this server returned (Claude
    Code's Task `prompt`, OpenCode's `task` `prompt`, Codex's `spawn_agent` `message`); its parent is the turn of
-   that call. Each call opens one chain; calls of tools named like a sub-agent's are tried first.
+   that call. Each call opens one chain; calls of tools named like a sub-agent's are tried first (a namespaced
+   function, `multi_agent_v1.spawn_agent`, by its own name).
 5. **main**: the first chain with tools.
 6. **auxiliary**: no tools (a title request); a leaf under the chain answered most recently.
 7. otherwise **subagent** under the chain answered most recently ("timing").
@@ -21,6 +23,7 @@ A branch copied for a concurrent turn on the same history is a fork of the branc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -36,6 +39,7 @@ SUBAGENT_TOOLS = frozenset({"Task", "Agent", "task", "spawn_agent", "spawn_subag
 _MIN_ARGUMENT = 8  # shorter string arguments (a flag, a path) match too easily to name a parent
 _MIN_SUMMARY_LINE = 12
 _SIDE_KINDS = ("summary", "auxiliary")
+_TAG = re.compile(r"</?[A-Za-z_][A-Za-z0-9_-]*>")
 
 
 class _Chain(Protocol):
@@ -51,28 +55,30 @@ class _Chain(Protocol):
     def messages(self) -> list[dict]: ...
 
 
-def place(chains: Sequence[_Chain], messages: list[dict], tools_key: bytes, request_kind: str | None) -> Lineage:
-    """The lineage of a new chain that starts with `messages` (normalised), given the rollout's chains so far."""
+def place(chains: Sequence[_Chain], messages: list[dict], tools_key: bytes,
+          request_kind: str | None) -> tuple[Lineage, str | None]:
+    """The lineage of a new chain that starts with `messages` (normalised), given the rollout's chains so far, and
+    the id of the tool call that opened it (None unless linked by one): the caller claims it on the parent while
+    the chain lives (a chain whose first turn failed gives it back, so that the agent's retry finds it again)."""
     answered = [c for c in chains if c.turns]
     body = messages[1:] if messages[0]["role"] == "system" else messages
-    if request_kind == "compaction":
-        parent, turn = _longest_history(_primary(answered), body)
-        parent = parent or _latest(answered)
-        return Lineage("summary", *_at(parent, turn), "history")
+    if request_kind == "compaction":  # it summarises its parent as it stands: from the parent's latest turn
+        parent, _ = _longest_history(_primary(answered), body)
+        return Lineage("summary", *_at(parent or _latest(answered), None), "history" if parent else "timing"), None
     resumed = _summarised(answered, body)
     if resumed is not None:
-        return resumed
+        return resumed, None
     parent, turn = _longest_history([c for c in _primary(answered) if c.tools_key == tools_key], body)
     if parent is not None:
-        return Lineage("fork", parent.number, turn, "history")
+        return Lineage("fork", parent.number, turn, "history"), None
     if tools_key:
         opened = _opening_call(_primary(answered), body)
         if opened is not None:
             return opened
         if not any(c.lineage is not None and c.lineage.kind == "main" for c in chains):
-            return Lineage("main")
+            return Lineage("main"), None
     latest = _latest(answered)
-    return Lineage("auxiliary" if not tools_key else "subagent", *_at(latest, None), "timing")
+    return Lineage("auxiliary" if not tools_key else "subagent", *_at(latest, None), "timing"), None
 
 
 def _primary(chains: Iterable[_Chain]) -> list[_Chain]:
@@ -114,14 +120,15 @@ def _longest_history(chains: Iterable[_Chain], body: list[dict]) -> tuple[_Chain
 
 
 def _summarised(chains: Sequence[_Chain], body: list[dict]) -> Lineage | None:
-    """A compaction's resumed chain: one of its messages carries a summary this server wrote."""
-    text = "\n".join(m["content"] for m in body if m["role"] != "assistant" and isinstance(m.get("content"), str))
+    """A compaction's resumed chain: one of its messages carries a summary this server wrote (in a user message, or
+    as an assistant turn of its own history, as OpenCode resumes)."""
+    text = "\n".join(m["content"] for m in body if isinstance(m.get("content"), str))
     if not text:
         return None
     for chain in reversed(chains):
         if chain.lineage is None or chain.lineage.kind != "summary" or chain.answer is None:
             continue
-        summary = chain.answer.get("content") or ""
+        summary = _TAG.sub("", chain.answer.get("content") or "")  # agents unwrap <summary> and the like
         lines = [line.strip() for line in summary.splitlines() if len(line.strip()) >= _MIN_SUMMARY_LINE]
         if any(line in text for line in lines or [summary.strip()] if line):
             lineage = chain.lineage
@@ -129,18 +136,23 @@ def _summarised(chains: Sequence[_Chain], body: list[dict]) -> Lineage | None:
     return None
 
 
-def _opening_call(chains: Sequence[_Chain], body: list[dict]) -> Lineage | None:
-    """A sub-agent: its opening user message carries a string argument of an unclaimed tool call."""
-    opening = next((m["content"] for m in body if m["role"] == "user"), None)
-    if not isinstance(opening, str) or not opening:
+def _opening_call(chains: Sequence[_Chain], body: list[dict]) -> tuple[Lineage, str] | None:
+    """A sub-agent: its opening user messages carry a string argument of an unclaimed tool call."""
+    opening = []
+    for message in body:
+        if message["role"] == "assistant":
+            break
+        if message["role"] == "user" and isinstance(message.get("content"), str):
+            opening.append(message["content"])
+    opening = "\n".join(opening)
+    if not opening:
         return None
     candidates = [(chain, turn, call) for chain in reversed(chains) for turn, call in reversed(chain.calls)
                   if call.get("id") not in chain.claimed]  # fmt: skip
-    candidates.sort(key=lambda c: c[2]["function"]["name"] not in SUBAGENT_TOOLS)  # stable: newest first within
+    candidates.sort(key=lambda c: c[2]["function"]["name"].rpartition(".")[2] not in SUBAGENT_TOOLS)  # stable
     for chain, turn, call in candidates:
         if any(len(value) >= _MIN_ARGUMENT and value in opening for value in _strings(call["function"]["arguments"])):
-            chain.claimed.add(call.get("id"))
-            return Lineage("subagent", chain.number, turn, "tool_call")
+            return Lineage("subagent", chain.number, turn, "tool_call"), call.get("id")
     return None
 
 

@@ -57,6 +57,7 @@ class _Branch(BranchRecord):
     closing: tuple[dict, int] | None = None  # its last message, normalised, and `Renderer.closing_turns` of it
     calls: list[tuple[int, dict]] = field(default_factory=list)  # (turn, a tool call returned on it): `lineage.py`
     claimed: set = field(default_factory=set)  # ids of those calls that opened a chain
+    claim: tuple[_Branch, str] | None = None  # the parent and the id of the tool call that opened this chain
 
     @property
     def covered(self) -> int:
@@ -111,6 +112,9 @@ class TurnPlan:
     prompt: PromptJson  # the whole sequence the policy will condition on (its ids as JSON, joined when sent)
     request_messages: list[dict]
     forked: bool
+    # The chain this turn is on, for the rollout's failure accounting: the branch it extends (or copies), or for a
+    # new chain its place in the tree, which the agent's retry of a failed first turn gets again.
+    chain: tuple = ()
 
     @property
     def prompt_len(self) -> int:
@@ -179,7 +183,7 @@ class Trajectory:
                 break
             if branch.open_turn:
                 suffix = [self._renderer.end_of_turn_id, *suffix]
-            forked = branch.busy
+            forked, chain = branch.busy, ("branch", branch.number)
             if forked:  # a concurrent turn on the same history: both are real, keep both
                 branch = branch.copy(self._number(), "concurrent turn on the same history")
                 self._branches.append(branch)
@@ -190,6 +194,7 @@ class Trajectory:
                 prompt=branch.prompt(new),
                 request_messages=messages,
                 forked=forked,
+                chain=chain,
             ), None
         return None, reason
 
@@ -198,15 +203,20 @@ class Trajectory:
         """Reserve the next turn on a new branch whose prompt is `prompt`, the full render of `messages`, placed in
         the rollout's tree (`lineage.place`; `request_kind` is the dialect's word for it)."""
         system = messages[0] if messages[0]["role"] == "system" else None
+        lineage, call_id = place(self._branches, messages, tkey, request_kind)
         branch = _Branch(
             number=self._number(),
             tools_digest=_digest(tkey),
             system_digest=_digest(orjson.dumps(system)) if system else "",
             fork_reason=(reason or self._why_not_extended(messages, tkey)) if self._branches else None,
-            lineage=place(self._branches, messages, tkey, request_kind),
+            lineage=lineage,
             system=system,
             tools_key=tkey,
         )
+        if call_id is not None:
+            parent = next(b for b in self._branches if b.number == lineage.parent)
+            parent.claimed.add(call_id)
+            branch.claim = (parent, call_id)
         branch.busy = True
         self._branches.append(branch)
         return TurnPlan(
@@ -214,6 +224,7 @@ class Trajectory:
             prompt=PromptJson.fresh(prompt),
             request_messages=messages,
             forked=True,
+            chain=("new", *lineage.to_list()),
         )
 
     def _why_not_extended(self, messages: list[dict], tkey: bytes) -> str:
@@ -271,6 +282,9 @@ class Trajectory:
         plan.branch.busy = False
         if not plan.branch.turns:
             self._branches.remove(plan.branch)  # a fork that never got a turn leaves no sample
+            if plan.branch.claim is not None:  # nor keeps the tool call that opened it: a retry finds it again
+                parent, call_id = plan.branch.claim
+                parent.claimed.discard(call_id)
 
     def samples(self) -> list[SampleRecord]:
         return build_samples(self._branches)

@@ -118,11 +118,11 @@ async def run_turn(
     except BaseException as exc:
         _release(rollout, plan)
         if isinstance(exc, UpstreamError):
-            rollout.upstream_failed(exc.message)
+            rollout.upstream_failed(exc.message, plan.chain)
             rollout.note("upstream_error", status=exc.status, message=exc.message)
         _settle(future, exc)
         raise
-    rollout.trailing_upstream_failures = 0
+    rollout.upstream_succeeded(plan.chain)
     hit = first_hit(rollout.stop_rules, result.message)
     if hit is not None:  # recorded as sampled; the agent never gets the call
         rollout.stop(hit)

@@ -107,7 +107,7 @@ async def _relay(
     ) as resp:
         entry["status"] = resp.status
         if resp.status < 400:
-            rollout.trailing_upstream_failures = 0
+            rollout.upstream_succeeded()
         else:
             _failed(rollout, resp.status, f"the upstream answered {resp.status}")
         if not chat.stream or resp.status >= 400 or not resp.content_type.startswith("text/event-stream"):

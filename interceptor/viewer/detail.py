@@ -1,9 +1,14 @@
 """One rollout as the viewer shows it: the conversation the agent had, and beside it each sample at the token level.
 
 A sample is cut into spans at its turn boundaries: `prompt` spans (mask 0: what the policy conditioned on, decoded
-as one text) and `sampled` spans (mask 1: each token with its text and the logprob the policy sampled it with).
-The fork tree gives each sample its parent: the earlier sample with which it shares the longest token prefix, and
-the length of that prefix (where the histories parted), with the sample's recorded fork reason.
+as one text) and `sampled` spans (each token with its text and the logprob the policy sampled it with). A sampled
+span whose tokens are mask 0 here names the sample that trains them (`trained_in`: an earlier one with the same ids
+before them, such as the chain a concurrent turn copied).
+
+The tree is the rollout's chains as recorded (`SampleRecord.chain`: kind, parent sample and turn, how the parent
+was found, the tokens shared with it), with each chain's depth, its sampled tokens and those it trains. A record
+from before chains were recorded gets the tree the viewer can infer: each sample's parent is the earlier sample with
+which it shares the longest token prefix.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ class TokenText:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def _spans(sample: dict, text: TokenText) -> list[dict]:
+def _spans(sample: dict, text: TokenText, earlier: list[dict]) -> list[dict]:
     ids, mask, logprobs = sample["input_ids"], sample["completion_mask"], sample["old_logprobs"]
     spans: list[dict] = []
     at = 0
@@ -86,7 +91,8 @@ def _spans(sample: dict, text: TokenText) -> list[dict]:
         spans.append({"kind": "sampled", "turn": number, "start": start, "end": end, "tokens": tokens,
                       "finish_reason": turn.get("finish_reason"), "policy_version": turn.get("policy_version"),
                       "malformed_tool_call": turn.get("malformed_tool_call", False),
-                      "spans_sync": turn.get("spans_sync", False)})
+                      "spans_sync": turn.get("spans_sync", False),
+                      "trained_in": _trained_in(ids, start, earlier) if end > start and not mask[start] else None})
         at = end
     if at < len(ids):  # a sample that ends on prompt tokens (none do today; shown rather than dropped)
         spans.append({"kind": "prompt", "turn": None, "start": at, "end": len(ids), "text": text.text(ids[at:])})
@@ -105,37 +111,65 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return low
 
 
-def fork_tree(samples: list[dict]) -> list[dict]:
+def _trained_in(ids: list[int], position: int, earlier: list[dict]) -> int | None:
+    """The earlier sample that trains the token at `position` (same ids through it, mask 1 there)."""
+    for other in earlier:
+        if len(other["input_ids"]) > position and other["completion_mask"][position] \
+                and other["input_ids"][: position + 1] == ids[: position + 1]:
+            return other.get("index")
+    return None
+
+
+def chain_tree(samples: list[dict]) -> list[dict]:
+    """One node per sample: its chain as recorded (inferred for older records), its depth in the tree, and its
+    sampled tokens (`sampled`) against those it trains (`trained`)."""
     tree = []
     for i, sample in enumerate(samples):
-        parent, shared = None, 0
-        for j in range(i):
-            common = _common_prefix(samples[j]["input_ids"], sample["input_ids"])
-            if common > shared:
-                parent, shared = samples[j].get("index", j), common
-        tree.append({"sample": sample.get("index", i), "parent": parent, "shared_tokens": shared,
-                     "fork_reason": sample.get("fork_reason"), "auxiliary": bool(sample.get("auxiliary"))})
+        chain = sample.get("chain") or _inferred_chain(samples, i)
+        sampled = sum(t["completion_end"] - t["completion_start"] for t in sample.get("turns") or [])
+        tree.append({"sample": sample.get("index", i), "kind": chain["kind"], "parent": chain.get("parent"),
+                     "parent_turn": chain.get("parent_turn"), "linked_by": chain.get("linked_by"),
+                     "shared_tokens": chain.get("shared", 0), "fork_reason": sample.get("fork_reason"),
+                     "auxiliary": bool(sample.get("auxiliary")), "sampled": sampled,
+                     "trained": sum(sample["completion_mask"])})
+    parents = {node["sample"]: node["parent"] for node in tree}
+    for node in tree:
+        depth, at = 0, node["parent"]
+        while at is not None and depth < len(tree):
+            depth, at = depth + 1, parents.get(at)
+        node["depth"] = depth
     return tree
+
+
+def _inferred_chain(samples: list[dict], i: int) -> dict:
+    sample, parent, shared = samples[i], None, 0
+    for j in range(i):
+        common = _common_prefix(samples[j]["input_ids"], sample["input_ids"])
+        if common > shared:
+            parent, shared = samples[j].get("index", j), common
+    kind = "auxiliary" if sample.get("auxiliary") else ("main" if parent is None else "fork")
+    return {"kind": kind, "parent": parent, "linked_by": "history" if parent is not None else None, "shared": shared}
 
 
 def rollout_detail(record: dict, text: TokenText) -> dict:
     text.refresh()
     samples = record.get("samples") or []
     shown = []
-    for sample in samples:
+    for number, sample in enumerate(samples):
         mask = sample["completion_mask"]
         sampled = [lp for lp, m in zip(sample["old_logprobs"], mask) if m]
         shown.append({
             "index": sample.get("index"), "auxiliary": bool(sample.get("auxiliary")),
             "fork_reason": sample.get("fork_reason"), "length": len(sample["input_ids"]),
             "sampled_tokens": len(sampled), "mean_logprob": sum(sampled) / len(sampled) if sampled else None,
-            "turns": len(sample.get("turns") or []), "spans": _spans(sample, text),
+            "turns": len(sample.get("turns") or []), "spans": _spans(sample, text, samples[:number]),
+            "chain": sample.get("chain"),
         })
     return {
         "rollout_id": record.get("rollout_id"), "mode": record.get("mode"), "status": record.get("status"),
         "reward": record.get("reward"), "answer": record.get("answer"), "failure": record.get("failure"),
         "usage": record.get("usage"), "events": record.get("events") or [], "metadata": record.get("metadata") or {},
         "started_at": record.get("started_at"), "finished_at": record.get("finished_at"),
-        "trace": record.get("trace") or [], "samples": shown, "fork_tree": fork_tree(samples),
+        "trace": record.get("trace") or [], "samples": shown, "tree": chain_tree(samples),
         "tokenizer": text.available, "tokenizer_note": text.note,
     }

@@ -18,7 +18,7 @@ from agents.specs.claude import ClaudeAgent
 from agents.specs.packages import CLAUDE
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import check_first_request, interception_server, require_agent, run_agent
-from tests.invariants import assert_token_exact
+from tests.invariants import assert_compaction_tree, assert_token_exact
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +84,4 @@ async def test_claude_code_compacts_when_the_prompt_is_too_long_and_goes_on(clau
         ("compaction", False)]
     assert any(e["kind"] == "context_length_exceeded" for e in run.record.events)
     assert_token_exact(run.record, scripted.calls)
+    assert_compaction_tree(run.record, main, compaction, resumed, keep="compaction-claude")

@@ -17,7 +17,7 @@ import pytest
 from agents.specs.codex import CodexAgent
 from agents.specs.packages import CODEX
 from tests.agents.agent_runs import MAX_MODEL_LEN, check_first_request, interception_server, require_agent, run_agent
-from tests.invariants import assert_token_exact
+from tests.invariants import assert_compaction_tree, assert_token_exact
 
 pytestmark = pytest.mark.e2e
 
@@ -57,13 +57,13 @@ async def test_codex_runs_its_exec_command_tool_and_both_turns_are_one_token_exa
 
 
 async def test_codex_compacts_its_history_through_the_same_endpoint_and_goes_on(scripted, tiny_model_dir):
-    """Told a 30k-token context window, Codex compacts on its own once its history nears it: a request without tools
+    """Told a 35k-token context window, Codex compacts on its own once its history nears it: a request without tools
     whose client_metadata says `request_kind: "compaction"`, then the conversation resumes from the handoff
     summary. The compaction is an auxiliary sample whose reason says so, the resumed conversation a new one;
     nothing is spliced, and every sample is token-exact."""
-    codex = CodexAgent(binary=require_agent(CODEX), context_window=30_000)
-    calls = [exec_call(f"seq {i * 1000} {i * 1000 + 600}") for i in range(1, 5)]
-    scripted.script(*calls, "<summary>Four lists of numbers were printed.</summary>", "All done.")
+    codex = CodexAgent(binary=require_agent(CODEX), context_window=35_000)
+    calls = [exec_call(f"seq {i * 1000} {i * 1000 + 600}") for i in range(1, 4)]
+    scripted.script(*calls, "<summary>Three lists of numbers were printed.</summary>", "All done.")
     async with interception_server(scripted, tiny_model_dir) as server:
         run = await run_agent(codex, server, instruction="List some numbers.")
 
@@ -72,9 +72,10 @@ async def test_codex_compacts_its_history_through_the_same_endpoint_and_goes_on(
              if r.path.endswith("/v1/responses")]  # fmt: skip
     assert kinds.count("compaction") == 1 and kinds[-1] == "turn", kinds
     main, compaction, resumed = run.record.samples
-    assert len(main.turns) == 4 and not main.auxiliary
+    assert len(main.turns) == 3 and not main.auxiliary
     assert compaction.auxiliary and compaction.fork_reason.startswith("compaction request")
     assert not resumed.auxiliary and resumed.fork_reason
     assert [(e["request_kind"], e["extended"]) for e in run.record.events if e["kind"] == "side_request"] == [
         ("compaction", False)]
     assert_token_exact(run.record, scripted.calls)
+    assert_compaction_tree(run.record, main, compaction, resumed, keep="compaction-codex")

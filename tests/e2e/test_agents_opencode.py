@@ -20,7 +20,7 @@ from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import bash_call, check_first_request, interception_server, require_agent, run_agent
 from tests.e2e.test_agents_pi import assert_no_credentials_in
 from tests.fakes import Slow
-from tests.invariants import assert_token_exact
+from tests.invariants import assert_compaction_tree, assert_token_exact
 
 pytestmark = pytest.mark.e2e
 
@@ -103,6 +103,7 @@ async def test_opencode_compacts_its_history_near_the_context_window_and_goes_on
     assert [(e["request_kind"], e["extended"]) for e in run.record.events if e["kind"] == "side_request"] == [
         ("compaction", False)]
     assert_token_exact(run.record, scripted.calls)
+    assert_compaction_tree(run.record, main, summaries[0], resumed, keep="compaction-opencode")
 
 
 async def test_opencode_compacts_on_a_context_overflow_and_goes_on_but_exits_1(scripted, tiny_model_dir):

@@ -20,7 +20,7 @@ from agents.specs.packages import PI
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig
 from tests.agents.agent_runs import bash_call, check_first_request, interception_server, require_agent, run_agent
 from tests.fakes import Slow
-from tests.invariants import assert_token_exact
+from tests.invariants import assert_compaction_tree, assert_token_exact
 
 pytestmark = pytest.mark.e2e
 
@@ -167,3 +167,4 @@ async def test_pi_compacts_on_a_context_overflow_and_goes_on_but_prints_no_answe
         ("compaction", False)]
     assert any(e["kind"] == "context_length_exceeded" for e in run.record.events)
     assert_token_exact(run.record, scripted.calls)
+    assert_compaction_tree(run.record, main, compaction, resumed, keep="compaction-pi")

@@ -11,13 +11,17 @@ import asyncio
 import json
 from dataclasses import replace
 
+import openai
+import pytest
+
 from interceptor.store.journal import recover_journal
 from interceptor.store.lineage_audit import audit_lineage
 from interceptor.store.records import ChainRecord, RolloutRecord, SampleRecord
-from tests.fakes import Slow
+from interceptor.viewer.detail import TokenText, rollout_detail
+from tests.fakes import Fault, Slow
 from tests.interceptor.test_options import rollout, server  # noqa: F401  (a server with a record file, a client)
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo
-from tests.invariants import assert_token_exact
+from tests.invariants import assert_token_exact, keep_record
 
 TASK_TOOL = {"type": "function", "function": {
     "name": "Task", "description": "hand a task to a sub-agent",
@@ -97,6 +101,14 @@ async def test_a_concurrent_turn_copies_the_history_and_its_sampled_tokens_are_t
     sampled = sum(len(c.token_ids) for c in scripted.calls)
     assert sum(s.completion_tokens for s in record.samples) == sampled, "each sampled token trained once"
     assert_token_exact(record, scripted.calls)
+    keep_record(record, "concurrent-turns")
+    # the viewer marks the copied turn as trained in the first sample, and the tree counts it so
+    detail = rollout_detail(record.to_json_dict(), TokenText())
+    spans = [span for span in detail["samples"][1]["spans"] if span["kind"] == "sampled"]
+    assert [span["trained_in"] for span in spans] == [0, None]
+    node = detail["tree"][1]
+    assert (node["kind"], node["parent"], node["depth"]) == ("fork", 0, 1)
+    assert node["sampled"] - node["trained"] == span.stop - span.start
 
 
 async def test_a_record_whose_samples_train_a_token_twice_fails_the_audit(rollout, scripted, server):
@@ -139,3 +151,40 @@ async def test_a_rollout_whose_samples_fail_the_audit_is_failed_with_cause_linea
     assert record.failure.cause == "lineage" and "token 3 is trained in samples 0 and 1" in record.failure.message
     written = RolloutRecord.from_json_dict(json.loads(server.config.record_path.read_text().splitlines()[-1]))
     assert written.status == "failed" and written.reward is None and written.samples == record.samples
+
+
+async def test_a_sub_agent_lost_to_the_upstream_fails_the_rollout_even_when_the_main_chain_goes_on(
+        rollout, scripted, server):
+    handle, client = rollout
+    failing = [Fault(status=503)] * server.config.upstream.attempts  # every try the server makes
+    scripted.script(task_call(BRIEF), *failing, "The sub-agent failed; done anyway.")
+    main = [{"role": "system", "content": "You are the main agent."}, {"role": "user", "content": "How big is src?"}]
+    reply = await client.chat.completions.create(model="p", messages=main, tools=MAIN_TOOLS)
+    sub = [{"role": "system", "content": "You are a sub-agent."}, {"role": "user", "content": BRIEF}]
+    with pytest.raises(openai.APIStatusError):
+        await client.chat.completions.create(model="p", messages=sub, tools=TOOLS)
+    main += [echo(reply.choices[0].message), {"role": "tool", "tool_call_id": reply.choices[0].message.tool_calls[0].id,
+                                              "content": "the sub-agent failed"}]  # fmt: skip
+    await client.chat.completions.create(model="p", messages=main, tools=MAIN_TOOLS)  # the main chain succeeds
+    record = await server.finish_rollout(handle.id, reward=1.0)
+    assert record.status == "failed" and record.reward is None and record.failure.cause == "upstream"
+
+
+async def test_a_sub_agents_first_turn_retried_after_a_failure_finds_its_tool_call_again(rollout, scripted, server):
+    handle, client = rollout
+    failing = [Fault(status=503)] * server.config.upstream.attempts  # every try the server makes
+    scripted.script(task_call(BRIEF), *failing, "42 lines", "The total is 42.")
+    main = [{"role": "system", "content": "You are the main agent."}, {"role": "user", "content": "How big is src?"}]
+    reply = await client.chat.completions.create(model="p", messages=main, tools=MAIN_TOOLS)
+    sub = [{"role": "system", "content": "You are a sub-agent."}, {"role": "user", "content": BRIEF}]
+    with pytest.raises(openai.APIStatusError):
+        await client.chat.completions.create(model="p", messages=sub, tools=TOOLS)
+    # the agent tries again later (a request of its own, not an SDK retry, which would share the spent budget)
+    done = await client.chat.completions.create(model="p", messages=sub, tools=TOOLS, extra_body={"seed": 1})
+    main += [echo(reply.choices[0].message), {"role": "tool", "tool_call_id": reply.choices[0].message.tool_calls[0].id,
+                                              "content": done.choices[0].message.content}]  # fmt: skip
+    await client.chat.completions.create(model="p", messages=main, tools=MAIN_TOOLS)
+    record = await server.finish_rollout(handle.id, reward=1.0)
+    assert record.status == "ok" and record.reward == 1.0
+    assert tree(record) == [("main", None, None, None), ("subagent", 0, 0, "tool_call")]
+    assert_token_exact(record, scripted.calls)

@@ -101,6 +101,40 @@ async def test_a_codex_tool_loop_is_one_token_exact_sample(server, scripted, str
     assert any(e["kind"] == "ignored_request_fields" and "reasoning" in e["fields"] for e in record.events)
 
 
+NAMESPACE = {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for spawning sub-agents.",
+             "tools": [{"type": "function", "name": "spawn_agent", "description": "Spawn a sub-agent", "strict": False,
+                        "parameters": {"type": "object", "properties": {"message": {"type": "string"}}}}]}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_namespace_tools_function_is_called_with_its_namespace_both_ways(server, scripted, stream):
+    """Codex's sub-agent tools come as a `namespace` tool: the policy sees `multi_agent_v1.spawn_agent`, Codex gets
+    a call with `namespace` and `name`, and its echo of that call extends the same sample."""
+    handle = server.open_rollout()
+    client = client_for(handle)
+    spawn = '<tool_call>\n{"name": "multi_agent_v1.spawn_agent", "arguments": {"message": "count"}}\n</tool_call>'
+    scripted.script(spawn, "Done.")
+    items = [user("use a sub-agent")]
+    for _ in range(2):
+        request = {"model": "policy", "input": items, "tools": [EXEC_COMMAND, NAMESPACE], **CODEX}
+        if stream:
+            async with client.responses.stream(**request) as events:
+                response = await events.get_final_response()
+        else:
+            response = await client.responses.create(**request)
+        items += echo(response)
+        calls = [item.model_dump() for item in response.output if item.type == "function_call"]
+        if not calls:
+            break
+        assert (calls[0]["namespace"], calls[0]["name"]) == ("multi_agent_v1", "spawn_agent")
+        items.append({"type": "function_call_output", "call_id": calls[0]["call_id"], "output": '{"agent_id":"a1"}'})
+    assert response.output_text == "Done."
+    assert "multi_agent_v1.spawn_agent" in scripted.tokenizer.decode(scripted.calls[0].prompt_ids)
+    record = await server.finish_rollout(handle.id)
+    assert [len(s.turns) for s in record.samples] == [2]  # the echo matched: extended, never forked
+    assert_token_exact(record, scripted.calls)
+
+
 async def test_the_developer_item_is_the_system_prompt(server, scripted):
     handle = server.open_rollout()
     scripted.script("ok")
@@ -164,8 +198,11 @@ async def test_a_reply_cut_by_length_is_incomplete(server, scripted):
          "input_image"),
         ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "item type 'web_search_call'"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"tools": [{**NAMESPACE, "name": "multi.agent"}]}, "a namespace tool needs a name"),
+        ({"tools": [{**NAMESPACE, "tools": [{"type": "web_search"}]}]}, "tool type 'web_search'"),
     ],
-    ids=["previous_response_id", "web_search", "tool_choice_required", "input_image", "unknown_item", "json"],
+    ids=["previous_response_id", "web_search", "tool_choice_required", "input_image", "unknown_item", "json",
+         "namespace_name", "namespace_builtin"],
 )
 async def test_what_the_policy_cannot_honour_is_a_400_that_says_so(server, scripted, kwargs, param):
     handle = server.open_rollout()

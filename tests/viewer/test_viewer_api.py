@@ -67,7 +67,7 @@ async def test_the_table_and_the_summary_answer_from_the_records(run_dir):
             assert response.status == 200
 
 
-async def test_a_rollout_shows_prompt_and_sampled_tokens_with_logprobs_and_its_fork_tree(run_dir, tiny_model_dir):
+async def test_a_rollout_shows_prompt_and_sampled_tokens_with_logprobs_and_its_tree(run_dir, tiny_model_dir):
     app = open_viewer(run_dir, model=tiny_model_dir, poll_s=0.05)
     async with serving(app) as client:
         async with client.get("/api/rollouts/r-ok") as response:
@@ -92,7 +92,7 @@ async def test_a_rollout_shows_prompt_and_sampled_tokens_with_logprobs_and_its_f
         stamps = [(t["policy_version"], t["spans_sync"]) for t in sample["turns"]]
         assert [(s["policy_version"], s["spans_sync"]) for s in spans if s["kind"] == "sampled"] == stamps
         assert (0, True) in stamps  # a turn that ran across a weight sync says so
-    tree = {node["sample"]: node for node in detail["fork_tree"]}
+    tree = {node["sample"]: node for node in detail["tree"]}
     assert tree[0]["parent"] is None
     assert tree[1]["parent"] == 0 and tree[1]["shared_tokens"] == 8 and tree[1]["fork_reason"] == "history rewritten"
     assert tree[2]["auxiliary"] is True

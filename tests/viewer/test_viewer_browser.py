@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -49,15 +51,30 @@ def _require_browser():
     return sync_playwright
 
 
-def _start_viewer(out: Path) -> tuple[subprocess.Popen, str]:
+def _start_viewer(out: Path, model: Path | None = None) -> tuple[subprocess.Popen, str]:
+    tokenizer = ["--model", str(model)] if model is not None else []
     viewer = subprocess.Popen([sys.executable, "-m", "interceptor.cli", "view", str(out), "--port", "0",
-                               "--poll", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                               "--poll", "0.2", *tokenizer], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=ROOT)  # fmt: skip
     line = viewer.stdout.readline()
     match = re.search(r"at (http://\S+/) ", line)
     if not match:
         viewer.kill()
         raise AssertionError(f"the viewer did not say where it listens: {line!r}{viewer.stdout.read()}")
     return viewer, match.group(1)
+
+
+@contextmanager
+def browser_page(sync_playwright, url: str) -> Iterator[tuple[object, list[str]]]:
+    """Headless Chromium on `url`, and the page errors it reports."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(url)
+        yield page, errors
+        browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +84,7 @@ def watched_run(tmp_path_factory, tool_model_dir):
     out = tmp_path_factory.mktemp("viewed-run")
     viewer, url = _start_viewer(out)
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(url)
+        with browser_page(sync_playwright, url) as (page, errors):
             page.wait_for_function("document.body.dataset.rollouts === '0'")
             page.evaluate("window.__openedOnce = true")  # gone if the page reloads
             agent = f"{sys.executable} {ROOT / 'examples/agents/simple_agent.py'}"
@@ -94,7 +106,6 @@ def watched_run(tmp_path_factory, tool_model_dir):
             page.screenshot(path=str(_artifacts() / "run.png"), full_page=True)
             records = [orjson.loads(line) for line in (out / "rollouts.jsonl").read_bytes().splitlines()]
             yield {"page": page, "seen": seen, "records": records, "errors": errors, "out": out}
-            browser.close()
     finally:
         viewer.kill()
         viewer.wait()

@@ -171,7 +171,8 @@ function shade(logprob) {
 function sampleBox(sample) {
   const head = `sample ${sample.index} · ${sample.length} tokens · ${sample.sampled_tokens} sampled · ${sample.turns} turns` +
     (sample.mean_logprob !== null ? ` · mean logprob ${fmt(sample.mean_logprob, 3)}` : "") +
-    (sample.auxiliary ? " · auxiliary" : "") + (sample.fork_reason ? ` · fork: ${sample.fork_reason}` : "");
+    (sample.chain ? ` · ${sample.chain.kind}` : (sample.auxiliary ? " · auxiliary" : "")) +
+    (sample.fork_reason ? ` · fork: ${sample.fork_reason}` : "");
   const body = el("div", { class: "tokens" });
   for (const span of sample.spans) {
     if (span.kind === "prompt") {
@@ -179,12 +180,46 @@ function sampleBox(sample) {
     } else {
       body.append(el("span", { class: "turn-mark" }, `turn ${span.turn} · tokens ${span.start}–${span.end} · ${span.finish_reason} · policy v${span.policy_version}` + (span.malformed_tool_call ? " · malformed tool call" : "") + (span.spans_sync ? " · spans a weight sync" : "")));
       for (const token of span.tokens) {
+        if (!token.mask) {  // sampled in this chain's history, trained in an earlier sample: context here
+          body.append(el("span", { class: "tok-ctx", "data-trained-in": span.trained_in ?? "",
+            title: `id ${token.id} · context here: trained in sample ${span.trained_in ?? "?"}` }, token.text));
+          continue;
+        }
         body.append(el("span", { class: "tok", "data-logprob": token.logprob, style: `background:${shade(token.logprob)}`,
-          title: `logprob ${token.logprob.toFixed(4)} · p ${Math.exp(token.logprob).toFixed(3)} · id ${token.id}` + (token.mask ? "" : " · masked") }, token.text));
+          title: `logprob ${token.logprob.toFixed(4)} · p ${Math.exp(token.logprob).toFixed(3)} · id ${token.id}` }, token.text));
       }
     }
   }
   return el("div", { class: "sample" + (sample.auxiliary ? " auxiliary" : ""), "data-sample": sample.index }, el("h2", {}, head), body);
+}
+
+const LINKS = { tool_call: "its tool call", history: "the history they share", summary: "the summary it resumes from",
+                timing: "the chain answered last" };
+
+// The rollout's chains as a tree: each under its parent, with its kind, the parent's turn it hangs from, how the
+// parent was found, and its sampled tokens against those it trains (the rest are trained in an earlier sample).
+function chainTree(nodes) {
+  const children = new Map();
+  for (const n of nodes) {
+    const key = n.parent === null || n.parent === undefined ? "root" : n.parent;
+    if (!children.has(key)) children.set(key, []);
+    children.get(key).push(n);
+  }
+  const item = (n) => {
+    const from = n.parent === null || n.parent === undefined ? "the root" :
+      `from sample ${n.parent}` + (n.parent_turn !== null && n.parent_turn !== undefined ? ` turn ${n.parent_turn}` : "") +
+      (n.linked_by ? ` by ${LINKS[n.linked_by] || n.linked_by}` : "");
+    const trained = n.trained === n.sampled ? `${n.sampled} sampled, all trained here` :
+      `${n.sampled} sampled, ${n.trained} trained here, ${n.sampled - n.trained} trained in an ancestor`;
+    const label = el("a", { href: `#sample-${n.sample}`, class: "chain", "data-sample": n.sample,
+                            onclick: (e) => { e.preventDefault(); document.querySelector(`.sample[data-sample="${n.sample}"]`)?.scrollIntoView(); } },
+      el("span", { class: `kind kind-${n.kind}` }, n.kind), ` sample ${n.sample} · ${from} · ${trained}` +
+      (n.fork_reason && n.kind !== "main" ? ` · ${n.fork_reason}` : ""));
+    const kids = children.get(n.sample) || [];
+    return el("li", { "data-kind": n.kind, "data-parent": n.parent ?? "" }, label,
+              kids.length ? el("ul", {}, kids.map(item)) : null);
+  };
+  return el("ul", { class: "tree" }, (children.get("root") || []).map(item));
 }
 
 function renderRollout(r) {
@@ -210,10 +245,7 @@ function renderRollout(r) {
     if (call.response) messages.push(messageBox(call.response));
   });
   $("#messages").replaceChildren(...messages);
-  $("#fork-tree").replaceChildren(el("ul", { class: "tree" }, r.fork_tree.map((n) => el("li", {},
-    n.parent === null ? `sample ${n.sample}: the first` :
-    `sample ${n.sample}: from sample ${n.parent} after ${n.shared_tokens} shared tokens` +
-    (n.fork_reason ? ` (${n.fork_reason})` : "") + (n.auxiliary ? " · auxiliary" : "")))));
+  $("#fork-tree").replaceChildren(chainTree(r.tree));
   $("#sample-list").replaceChildren(...r.samples.map(sampleBox));
   // a long prompt span shows its end: the part nearest the tokens sampled after it
   for (const span of document.querySelectorAll("#sample-list .span-prompt.long")) span.scrollTop = span.scrollHeight;

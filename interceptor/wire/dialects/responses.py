@@ -12,7 +12,9 @@ Nothing is stored here (`store: false`): each request carries the whole history;
   `reasoning_content`; one with encrypted content only (reasoning this policy never produced) is dropped, as the
   Messages dialect drops `redacted_thinking`. Any other item type is refused with a 400 that names it;
 - `function` tools become function tools (`strict` is neither rendered nor enforced: the policy's own sampling
-  writes the arguments); a built-in tool (`web_search`, `local_shell`, `custom`, ...) is refused;
+  writes the arguments); a `namespace` tool (Codex's sub-agent tools, `multi_agent_v1`) is its functions, each
+  named `NAMESPACE.NAME` for the policy, and a call of one is a `function_call` with `namespace` and `name` both
+  ways; a built-in tool (`web_search`, `local_shell`, `custom`, ...) is refused;
 - `tool_choice` auto/none and `parallel_tool_calls` honoured; `required` or a named tool refused, as in chat;
   `max_output_tokens` is chat's `max_tokens` (more than the context holds is a context-length error);
   `temperature`, `top_p` honoured unless the rollout pins them; `text.format` other than text refused;
@@ -46,6 +48,7 @@ from interceptor.wire.protocol import (
     ChatRequest, ensure_serialisable, number_field, positive_int, tools_key, typed_field,
 )
 from interceptor.wire.dialects.responses_input import convert_items, input_messages, tool_choice
+from interceptor.wire.dialects.responses_input import split_name
 from interceptor.wire.dialects.responses_input import tools as tools_of
 from interceptor.wire.shared_values import share
 
@@ -217,7 +220,7 @@ def _output_items(message: dict, *, incomplete: bool) -> list[dict]:
                       "content": [{"type": "output_text", "text": message["content"], "annotations": []}]})  # fmt: skip
     for call in message.get("tool_calls") or ():
         items.append({"type": "function_call", "id": _new_id("fc"), "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                      **split_name(call["function"]["name"]), "arguments": call["function"]["arguments"],
                       "status": "completed"})  # fmt: skip
     return items
 

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import re
+
 from interceptor.errors import BadRequest
 
-__all__ = ["convert_items", "input_messages", "tool_choice", "tools"]
+__all__ = ["convert_items", "input_messages", "split_name", "tool_choice", "tools"]
 
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a namespace's name: no ".", which joins it to its functions' names
 
 
 def input_messages(items: object) -> list[dict]:
@@ -77,8 +80,11 @@ def _function_call(item: dict, param: str) -> dict:
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
             raise BadRequest(f"{param}.{key} must be a string", param=f"{param}.{key}")
-    return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+    namespace = item.get("namespace")
+    if namespace is not None and not (isinstance(namespace, str) and _NAME.fullmatch(namespace)):
+        raise BadRequest(f"{param}.namespace must be a name of letters, digits, _ and -", param=f"{param}.namespace")
+    name = f"{namespace}.{item['name']}" if namespace else item["name"]
+    return {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["arguments"]}}
 
 
 def _reasoning_text(item: dict, param: str) -> str:
@@ -114,6 +120,8 @@ def _text_of(content: object, param: str) -> str:
 
 
 def tools(tools: object, *, relayed: bool = False) -> list[dict] | None:
+    """Function tools; a `namespace` tool's functions (Codex's sub-agent tools) each as a function named
+    `NAMESPACE.NAME`, which the reply splits back into `namespace` and `name` (`split_name`)."""
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
@@ -122,21 +130,46 @@ def tools(tools: object, *, relayed: bool = False) -> list[dict] | None:
     for i, tool in enumerate(tools):
         param = f"tools[{i}]"
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "namespace":
+            out.extend(_namespace(tool, param))
+            continue
         if kind != "function" and relayed and kind is not None:
             continue  # a built-in tool: the upstream runs it; the trace has no form for it
-        if kind != "function":
-            raise BadRequest(f"{param}: tool type {kind!r} is not supported; define it as a function tool",
-                             param=param)  # fmt: skip
-        parameters = tool.get("parameters")
-        if not isinstance(tool.get("name"), str) or not isinstance(parameters, (dict, type(None))):
-            raise BadRequest(f"{param} needs a name, and parameters as an object", param=param)
-        function: dict = {"name": tool["name"]}
-        if isinstance(tool.get("description"), str):
-            function["description"] = tool["description"]
-        if parameters is not None:
-            function["parameters"] = parameters
-        out.append({"type": "function", "function": function})
+        out.append(_function_tool(tool, param))
     return out or None
+
+
+def _namespace(tool: dict, param: str) -> list[dict]:
+    name, inner = tool.get("name"), tool.get("tools")
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or not isinstance(inner, list) or not inner:
+        raise BadRequest(f"{param}: a namespace tool needs a name of letters, digits, _ and -, and a list of "
+                         "function tools", param=param)  # fmt: skip
+    functions = [_function_tool(t, f"{param}.tools[{j}]") for j, t in enumerate(inner)]
+    for function in functions:
+        function["function"]["name"] = f"{name}.{function['function']['name']}"
+    return functions
+
+
+def _function_tool(tool: object, param: str) -> dict:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if kind != "function":
+        raise BadRequest(f"{param}: tool type {kind!r} is not supported; define it as a function tool",
+                         param=param)  # fmt: skip
+    parameters = tool.get("parameters")
+    if not isinstance(tool.get("name"), str) or not isinstance(parameters, (dict, type(None))):
+        raise BadRequest(f"{param} needs a name, and parameters as an object", param=param)
+    function: dict = {"name": tool["name"]}
+    if isinstance(tool.get("description"), str):
+        function["description"] = tool["description"]
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def split_name(name: str) -> dict:
+    """A tool call's name as Responses writes it: `{"name": ...}`, with `namespace` for a namespaced function."""
+    namespace, dot, inner = name.partition(".")
+    return {"name": inner, "namespace": namespace} if dot else {"name": name}
 
 
 def tool_choice(choice: object) -> str:
