@@ -84,3 +84,15 @@ def test_a_samples_staleness_is_that_of_the_turns_it_trains_not_those_it_carries
     records = [replace(record("a", 1.0), samples=[carried]), record("b", 0.0, versions=(5,))]
     outcome = build_group(records, group_id=0, model_version=1, rules=GroupFilter())
     assert [s.model_version for s in outcome.samples] == [5, 5]
+
+
+def test_each_step_logs_the_trees_size_and_what_of_it_trains():
+    from trainer.rl.worker import _group_metrics
+
+    records = [tree_record("a", 1.0), tree_record("b", 0.0)]
+    outcome = build_group(records, group_id=0, model_version=1, rules=GroupFilter())
+    metrics = _group_metrics(records, outcome, 1, 1)
+    assert metrics["rollouts/samples_per_rollout"] == 4.0  # main, sub-agent, summary, title
+    assert metrics["rollouts/sampled_tokens_per_rollout"] == 8.0  # 2 sampled tokens in each of the 4
+    assert metrics["rollouts/trained_samples_per_rollout"] == 2.0  # the summary and the title are out
+    assert metrics["rollouts/trained_tokens_per_rollout"] == 4.0
