@@ -1,8 +1,10 @@
 """`interceptor inspect FILE [--rollout ID] [--model DIR]`: read a trajectory file back and summarise it.
 
-Without `--rollout`: counts of rollouts by status, samples, tokens (sampled and not), forks, auxiliary samples,
-failures by cause, and the mean reward of the graded rollouts. With `--rollout`: that rollout's samples and
-turns, each span marked `[prompt]` (mask 0) or `[sampled]` (mask 1), decoded when `--model` gives the tokenizer.
+Without `--rollout`: counts of rollouts by status, samples and their chains by kind, tokens (sampled and not),
+forks, auxiliary samples, failures by cause, and the mean reward of the graded rollouts. With `--rollout`: that
+rollout's samples (each chain's kind and where it hangs) and turns, each span marked `[prompt]` (mask 0),
+`[sampled]` (mask 1) or `[context]` (sampled, trained in an earlier sample), decoded when `--model` gives the
+tokenizer.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ def summarise(records: Iterable[RolloutRecord]) -> dict:
     status: Counter[str] = Counter()
     causes: Counter[str] = Counter()
     totals = Counter()
+    kinds: Counter[str] = Counter()
     rewards = []
     for record in records:
         status[record.status] += 1
@@ -29,6 +32,7 @@ def summarise(records: Iterable[RolloutRecord]) -> dict:
         totals["samples"] += len(record.samples)
         totals["forks"] += record.forks
         totals["auxiliary"] += sum(s.auxiliary for s in record.samples)
+        kinds.update(s.kind for s in record.samples)
         totals["turns"] += sum(len(s.turns) for s in record.samples)
         for sample in record.samples:
             sampled = sum(sample.completion_mask)
@@ -41,6 +45,7 @@ def summarise(records: Iterable[RolloutRecord]) -> dict:
         "by_status": dict(status),
         "failures_by_cause": dict(causes),
         **totals,
+        "chains_by_kind": dict(kinds),
         "mean_reward": sum(rewards) / len(rewards) if rewards else None,
     }
 
@@ -50,7 +55,8 @@ def _spans(sample: SampleRecord) -> Iterable[tuple[str, int, int]]:
     for turn in sample.turns:
         if turn.completion_start > start:
             yield "prompt", start, turn.completion_start
-        yield "sampled", turn.completion_start, turn.completion_end
+        trained = sample.completion_mask[turn.completion_start] if turn.completion_end > turn.completion_start else 1
+        yield "sampled" if trained else "context", turn.completion_start, turn.completion_end
         start = turn.completion_end
 
 
@@ -58,7 +64,10 @@ def show_rollout(record: RolloutRecord, decode: Callable[[list[int]], str] | Non
     lines = [f"rollout {record.rollout_id}: {record.status}" + (f" ({record.failure.cause})" if record.failure else "")]
     lines.append(f"answer: {record.answer!r}  usage: {record.usage}")
     for sample in record.samples:
-        flags = " auxiliary" if sample.auxiliary else ""
+        chain = sample.chain
+        flags = f" {sample.kind}" + (f" under sample {chain.parent}" if chain and chain.parent is not None else "")
+        flags += f" turn {chain.parent_turn}" if chain and chain.parent_turn is not None else ""
+        flags += f" by {chain.linked_by}" if chain and chain.linked_by else ""
         fork = f" fork: {sample.fork_reason}" if sample.fork_reason else ""
         lines.append(f"-- sample {sample.index}: {len(sample.input_ids)} tokens, {len(sample.turns)} turns{flags}{fork}")
         for kind, start, end in _spans(sample):

@@ -32,7 +32,9 @@ async def test_record_file_round_trips_and_inspect_shows_spans(scripted, tiny_mo
     assert main(["inspect", str(path)]) == 0
     summary = capsys.readouterr().out
     assert "rollouts: 2" in summary and "'timeout': 1" in summary and "turns: 2" in summary
+    assert "chains_by_kind: {'main': 1}" in summary  # the timed-out rollout made no call
 
     assert main(["inspect", str(path), "--rollout", handle.id, "--model", str(tiny_model_dir)]) == 0
     shown = capsys.readouterr().out
     assert "[sampled" in shown and "[prompt" in shown and "finished<|im_end|>" in shown
+    assert "-- sample 0: " in shown and " main" in shown.split("-- sample 0: ")[1].splitlines()[0]
