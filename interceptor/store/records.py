@@ -143,8 +143,9 @@ class RolloutRecord:
 
     @property
     def forks(self) -> int:
-        """Samples that broke off the main conversation (auxiliary side calls, like a title request, are not)."""
-        return max(0, sum(not s.auxiliary for s in self.samples) - 1)
+        """Samples that rewrote a conversation: forks and compaction's resumed chains (the main chain, sub-agents and
+        side calls such as a title request are not)."""
+        return sum(s.kind in ("fork", "compaction") for s in self.samples)
 
     def to_json_dict(self) -> dict:
         return orjson.loads(self.to_json())

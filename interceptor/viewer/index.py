@@ -30,6 +30,8 @@ _SAMPLES_END = b'],"trace":['
 _TAIL_START = b'],"usage":{'
 _NOT_AUXILIARY = b'"auxiliary":false'
 _AUXILIARY = b'"auxiliary":true'
+_CHAINED = b'"chain":{'
+_FORK_KINDS = (b'"kind":"fork"', b'"kind":"compaction"')  # a chain's kind: the only "kind" inside samples
 
 
 @dataclass(slots=True)
@@ -53,6 +55,7 @@ class Row:
     auxiliary: int
     started_at: float
     finished_at: float | None
+    chain_forks: int | None = None  # its fork and compaction chains; None for a record from before chains
     tampered: int = 0  # changes refused before grading (its `tampering` events)
     egress_refused: int = 0  # connections its box's egress proxy refused (its `limit_hit` events for "egress")
 
@@ -62,7 +65,8 @@ class Row:
 
     @property
     def forks(self) -> int:
-        return max(0, self.samples - self.auxiliary - 1)
+        """Samples that rewrote the main conversation (as `RolloutRecord.forks`): sub-agents and side calls are not."""
+        return self.chain_forks if self.chain_forks is not None else max(0, self.samples - self.auxiliary - 1)
 
     def to_json_dict(self) -> dict:
         return {
@@ -212,7 +216,9 @@ def summarise_line(file: int, offset: int, line: bytes) -> Row | None:
             raise ValueError("not in the recorder's field order")
         section = line[head_end:samples_end]
         plain, auxiliary = section.count(_NOT_AUXILIARY), section.count(_AUXILIARY)
-        return _row(file, offset, len(line), {**head, **tail}, samples=plain + auxiliary, auxiliary=auxiliary)
+        forks = sum(section.count(kind) for kind in _FORK_KINDS) if _CHAINED in section else None
+        return _row(file, offset, len(line), {**head, **tail}, samples=plain + auxiliary, auxiliary=auxiliary,
+                    forks=forks)
     except (orjson.JSONDecodeError, ValueError):
         pass
     try:
@@ -221,12 +227,15 @@ def summarise_line(file: int, offset: int, line: bytes) -> Row | None:
         return None
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         return None
-    samples = record.get("samples") or []
-    auxiliary = sum(bool(s.get("auxiliary")) for s in samples if isinstance(s, dict))
-    return _row(file, offset, len(line), record, samples=len(samples), auxiliary=auxiliary)
+    samples = [s for s in record.get("samples") or [] if isinstance(s, dict)]
+    auxiliary = sum(bool(s.get("auxiliary")) for s in samples)
+    chains = [s["chain"] for s in samples if isinstance(s.get("chain"), dict)]
+    forks = sum(c.get("kind") in ("fork", "compaction") for c in chains) if chains else None
+    return _row(file, offset, len(line), record, samples=len(samples), auxiliary=auxiliary, forks=forks)
 
 
-def _row(file: int, offset: int, length: int, record: dict, *, samples: int, auxiliary: int) -> Row:
+def _row(file: int, offset: int, length: int, record: dict, *, samples: int, auxiliary: int,
+         forks: int | None = None) -> Row:
     usage = record.get("usage") or {}
     metadata = record.get("metadata") or {}
     failure = record.get("failure") or None
@@ -239,7 +248,7 @@ def _row(file: int, offset: int, length: int, record: dict, *, samples: int, aux
         task=str(metadata.get("task_id", "")), agent=str(metadata.get("agent", "")),
         turns=int(usage.get("turns", 0) or 0), prompt_tokens=int(usage.get("prompt_tokens", 0) or 0),
         completion_tokens=int(usage.get("completion_tokens", 0) or 0),
-        samples=samples, auxiliary=auxiliary,
+        samples=samples, auxiliary=auxiliary, chain_forks=forks,
         started_at=float(record.get("started_at") or 0.0),
         finished_at=float(record["finished_at"]) if record.get("finished_at") is not None else None,
         tampered=sum(int(event.get("total") or 0) for event in record.get("events") or ()

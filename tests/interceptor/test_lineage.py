@@ -18,6 +18,7 @@ from interceptor.store.journal import recover_journal
 from interceptor.store.lineage_audit import audit_lineage
 from interceptor.store.records import ChainRecord, RolloutRecord, SampleRecord
 from interceptor.viewer.detail import TokenText, rollout_detail
+from interceptor.viewer.index import summarise_line
 from tests.fakes import Fault, Slow
 from tests.interceptor.test_options import rollout, server  # noqa: F401  (a server with a record file, a client)
 from tests.interceptor.test_trajectories import TOOLS, call_text, echo
@@ -78,6 +79,8 @@ async def test_a_sub_agent_a_title_and_a_compaction_hang_from_the_turns_that_sta
         ("compaction", 1, 1, "summary"),
     ]
     assert [s.auxiliary for s in record.samples] == [True, False, False, True, False]
+    # the resumed chain rewrote the conversation; the sub-agent and the side calls did not (the viewer's row agrees)
+    assert record.forks == 1 and summarise_line(0, 0, record.to_json()).forks == 1
     assert_token_exact(record, scripted.calls)
 
 
