@@ -8,15 +8,18 @@ starts a new one, placed here from what the agent sent, in this order:
    parts of the history they summarise, so the shared run can end earlier).
 2. **compaction**: a message carries a summary this server wrote (a line of a summary chain's answer, tags such as
    `<summary>` left out); its parent is the chain that summary summarised.
-3. **fork**: same tools, and it shares at least its first message after the system prompt with a chain (a
+3. **subagent**, when the dialect says the agent marked it one (Codex's `x-openai-subagent`): under the turn of
+   the tool call that opened it (as in 5), else the chain whose history it starts from (a sub-agent spawned with
+   its parent's history, `fork_context`).
+4. **fork**: same tools, and it shares at least its first message after the system prompt with a chain (a
    rewritten history); its parent is the chain sharing the most, from that chain's last turn inside the shared part.
-4. **subagent**: its opening user messages (those before its first assistant turn) carry a string argument of a tool call this server returned (Claude
-   Code's Task `prompt`, OpenCode's `task` `prompt`, Codex's `spawn_agent` `message`); its parent is the turn of
-   that call. Each call opens one chain; calls of tools named like a sub-agent's are tried first (a namespaced
+5. **subagent**: its opening user messages (those before its first assistant turn) carry a string argument of a
+   tool call this server returned (Claude Code's `Agent` `prompt`, OpenCode's `task` `prompt`, Codex's `spawn_agent`
+   `message`); its parent is the turn of that call. Each call opens one chain; calls of tools named like a sub-agent's are tried first (a namespaced
    function, `multi_agent_v1.spawn_agent`, by its own name).
-5. **main**: the first chain with tools.
-6. **auxiliary**: no tools (a title request); a leaf under the chain answered most recently.
-7. otherwise **subagent** under the chain answered most recently ("timing").
+6. **main**: the first chain with tools.
+7. **auxiliary**: no tools (a title request); a leaf under the chain answered most recently.
+8. otherwise **subagent** under the chain answered most recently ("timing").
 
 A branch copied for a concurrent turn on the same history is a fork of the branch it copies (`Trajectory.extend`).
 """
@@ -68,6 +71,13 @@ def place(chains: Sequence[_Chain], messages: list[dict], tools_key: bytes,
     resumed = _summarised(answered, body)
     if resumed is not None:
         return resumed, None
+    if request_kind == "subagent":  # the agent says so: under its tool call, else the history it starts from
+        opened = _opening_call(_primary(answered), body)
+        if opened is not None:
+            return opened
+        parent, turn = _longest_history(_primary(answered), body)
+        return Lineage("subagent", *_at(parent or _latest(answered), turn if parent else None),
+                       "history" if parent else "timing"), None
     parent, turn = _longest_history([c for c in _primary(answered) if c.tools_key == tools_key], body)
     if parent is not None:
         return Lineage("fork", parent.number, turn, "history"), None

@@ -58,6 +58,7 @@ class _Branch(BranchRecord):
     calls: list[tuple[int, dict]] = field(default_factory=list)  # (turn, a tool call returned on it): `lineage.py`
     claimed: set = field(default_factory=set)  # ids of those calls that opened a chain
     claim: tuple[_Branch, str] | None = None  # the parent and the id of the tool call that opened this chain
+    marked_subagent: bool = False  # started by a request the agent marked a sub-agent's (`request_kind`)
 
     @property
     def covered(self) -> int:
@@ -97,6 +98,7 @@ class _Branch(BranchRecord):
             origin=(self.number, self.length),
             open_turn=self.open_turn,
             closing=self.closing,
+            marked_subagent=self.marked_subagent,
         )
 
 
@@ -147,21 +149,25 @@ class Trajectory:
         `tools_key(tools)` when the caller has it already; `carried` is `ChatRequest.carried`. The trajectory
         keeps `messages` as they are: the caller does not change the list afterwards."""
         tkey = tools_key(tools) if tkey is None else tkey
-        plan, reason = self.extend(messages, tools, tkey, carried)
+        plan, reason = self.extend(messages, tools, tkey, carried, request_kind)
         if plan is not None:
             return plan
         return self.fork(messages, tkey, self._renderer.render_full_json(messages, tools), reason=reason,
                          request_kind=request_kind)
 
     def extend(self, messages: list[dict], tools: list[dict] | None, tkey: bytes,
-               carried: tuple[list[dict] | None, int] = (None, 0)) -> tuple[TurnPlan | None, str | None]:
+               carried: tuple[list[dict] | None, int] = (None, 0),
+               request_kind: str | None = None) -> tuple[TurnPlan | None, str | None]:
         """Reserve the next turn on the branch these messages continue (rendering only the new messages), or
-        (None, why not) when none does: then the caller renders the whole conversation and calls `fork`."""
+        (None, why not) when none does: then the caller renders the whole conversation and calls `fork`. A request
+        the agent marked a sub-agent's extends only a chain such requests started (a sub-agent spawned with its
+        parent's history would otherwise continue its parent's chain)."""
         system = messages[0] if messages[0]["role"] == "system" else None
         reason = None
+        marked = request_kind == "subagent"
         for branch in reversed(self._branches):
             n = branch.covered
-            if not branch.turns or branch.tools_key != tkey or len(messages) <= n:
+            if not branch.turns or branch.tools_key != tkey or len(messages) <= n or marked > branch.marked_subagent:
                 continue
             if not branch.continued_by(messages, carried):
                 continue
@@ -205,6 +211,7 @@ class Trajectory:
         system = messages[0] if messages[0]["role"] == "system" else None
         lineage, call_id = place(self._branches, messages, tkey, request_kind)
         branch = _Branch(
+            marked_subagent=request_kind == "subagent",
             number=self._number(),
             tools_digest=_digest(tkey),
             system_digest=_digest(orjson.dumps(system)) if system else "",

@@ -141,8 +141,9 @@ async def _plan(policy: Policy, rollout: Rollout, request: ChatRequest, *, heavy
     for a large request). The trajectory changes only under the rollout's lock."""
     trajectory = rollout.trajectory
     async with rollout.lock:
-        plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key, request.carried)
-        if request.request_kind not in (None, "turn"):
+        plan, reason = trajectory.extend(request.messages, request.tools, request.tools_key, request.carried,
+                                         request.request_kind)
+        if request.request_kind not in (None, "turn", "subagent"):  # a sub-agent's turns are turns
             rollout.note("side_request", request_kind=request.request_kind, extended=plan is not None)
             reason = f"{request.request_kind} request" + (f" ({reason})" if reason else "")
         if plan is None:

@@ -191,3 +191,27 @@ async def test_a_sub_agents_first_turn_retried_after_a_failure_finds_its_tool_ca
     assert record.status == "ok" and record.reward == 1.0
     assert tree(record) == [("main", None, None, None), ("subagent", 0, 0, "tool_call")]
     assert_token_exact(record, scripted.calls)
+
+
+async def test_a_turn_codex_marks_as_a_sub_agents_starts_a_sub_agent_even_from_its_parents_history(server, scripted):
+    """`spawn_agent(fork_context=true)` starts the sub-agent from its parent's history: only Codex's word
+    (`x-openai-subagent` in `client_metadata`) tells it from a rewritten history."""
+    from openai import AsyncOpenAI
+
+    handle = server.open_rollout()
+    client = AsyncOpenAI(base_url=handle.base_url, api_key=handle.secret, max_retries=0)
+    scripted.script("Looking.", "Counted 42.")
+    tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {}}}]
+    history = [{"type": "message", "role": "user", "content": "How big is src?"}]
+    turn = {"request_kind": "turn", "thread_id": "t1"}
+    first = await client.responses.create(model="p", input=history, tools=tools, store=False,
+                                          extra_body={"client_metadata": {"x-codex-turn-metadata": json.dumps(turn)}})
+    forked = [*history, *[item.model_dump(exclude_none=True) for item in first.output],
+              {"type": "message", "role": "user", "content": "Count the lines under src."}]
+    metadata = {"x-codex-turn-metadata": json.dumps({**turn, "thread_id": "t2"}), "x-openai-subagent": "collab_spawn"}
+    await client.responses.create(model="p", input=forked, tools=tools, store=False,
+                                  extra_body={"client_metadata": metadata})
+    record = await server.finish_rollout(handle.id, reward=1.0)
+    # without the mark this would extend the main chain; with it, a sub-agent from the main chain's turn 0
+    assert tree(record) == [("main", None, None, None), ("subagent", 0, 0, "history")]
+    assert not [e for e in record.events if e["kind"] == "side_request"]  # a sub-agent's turn is a turn

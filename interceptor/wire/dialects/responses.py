@@ -21,7 +21,9 @@ Nothing is stored here (`store: false`): each request carries the whole history;
   `store`, `metadata`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier`, `stream_options` change
   nothing; anything else (`reasoning`, `include`, `truncation`, ...) is accepted and noted as not acted on;
   `client_metadata`'s `x-codex-turn-metadata.request_kind` tells a compaction from a turn: a compaction that
-  starts a new sample has "compaction request" as its fork reason.
+  starts a new sample has "compaction request" as its fork reason; a turn with `x-openai-subagent` set is a
+  sub-agent's (`request_kind` "subagent": its chain is placed as one, even when it starts from its parent's
+  history, as `spawn_agent(fork_context=true)` does).
 
 Replies: a `response` whose `output` holds a `reasoning` item (the text as one `summary_text`, no encrypted
 content), a `message` item with one `output_text`, and a `function_call` item per call (`call_id` the gate's tool
@@ -66,13 +68,16 @@ _STATELESS = ("previous_response_id", "conversation", "prompt")  # all need a re
 
 
 def _request_kind(metadata: object) -> str | None:
-    """Codex's `client_metadata["x-codex-turn-metadata"].request_kind` ("turn", "compaction"), when present."""
+    """Codex's `client_metadata["x-codex-turn-metadata"].request_kind` ("turn", "compaction"), when present; a
+    turn of a sub-agent's thread (`x-openai-subagent` set) is "subagent"."""
     if not isinstance(metadata, dict) or not isinstance(metadata.get("x-codex-turn-metadata"), str):
         return None
     try:
         kind = orjson.loads(metadata["x-codex-turn-metadata"]).get("request_kind")
     except (orjson.JSONDecodeError, AttributeError):
         return None
+    if kind == "turn" and isinstance(metadata.get("x-openai-subagent"), str):
+        return "subagent"
     return kind if isinstance(kind, str) and kind else None
 
 
