@@ -33,7 +33,9 @@ def claude_spec() -> ClaudeAgent:
 
 
 def codex_spec() -> CodexAgent:
-    return CodexAgent(binary=require_agent(CODEX))
+    # The embedded default was trained behind Codex's prompt as captured without its sub-agent tools
+    # (trainer/models/agent_requests/): it runs here in that prompt. Sub-agents: tests/e2e/test_subagents.py.
+    return CodexAgent(binary=require_agent(CODEX), sub_agents=False)
 
 
 # Greedy, the tiny model mostly copies the number right inside Codex's prompt; inside Claude Code's, which puts ~2k
