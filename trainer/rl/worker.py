@@ -251,11 +251,10 @@ def _group_metrics(records, outcome, dispatched: int, current: int) -> dict:
         "rollouts/samples_per_rollout": statistics.fmean(len(r.samples) for r in records),
         "rollouts/sampled_tokens_per_rollout": sampled / len(records),
     }
-    graded = len(outcome.rewards)
-    if outcome.trained and graded:
+    if outcome.trained:  # over every rollout of the group, as the two above: failed ones train nothing
         trained = sum(int(s.completion_mask.sum()) for s in outcome.samples)
-        metrics["rollouts/trained_samples_per_rollout"] = len(outcome.samples) / graded
-        metrics["rollouts/trained_tokens_per_rollout"] = trained / graded
+        metrics["rollouts/trained_samples_per_rollout"] = len(outcome.samples) / len(records)
+        metrics["rollouts/trained_tokens_per_rollout"] = trained / len(records)
     for cause, count in outcome.failures.items():
         metrics[f"rollouts/failed_{cause}_total"] = float(count)
     for reason, count in outcome.dropped.items():
