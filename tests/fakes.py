@@ -68,12 +68,12 @@ class ScriptedUpstream:
         self.routes.append((when, deque(replies)))
 
     def _next_reply(self, prompt: list[int]):
-        if self.routes:
-            text = self.tokenizer.decode(prompt)
-            for when, replies in self.routes:
-                if replies and when(text):
-                    return replies.popleft()
-        return self.replies.popleft() if self.replies else self.default_reply
+        """The next reply for this prompt; a function of the prompt is called with its text (decoded once)."""
+        text = self.tokenizer.decode(prompt) if self.routes or (self.replies and callable(self.replies[0])) else ""
+        reply = next((replies.popleft() for when, replies in self.routes if replies and when(text)), None)
+        if reply is None:
+            reply = self.replies.popleft() if self.replies else self.default_reply
+        return reply(text) if callable(reply) else reply
 
     async def __aenter__(self) -> ScriptedUpstream:
         app = web.Application()
@@ -97,8 +97,6 @@ class ScriptedUpstream:
     async def _completions(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
         reply = self._next_reply(body["prompt"])
-        if callable(reply):
-            reply = reply(self.tokenizer.decode(body["prompt"]))
         if isinstance(reply, Fault):
             await asyncio.sleep(reply.delay_s)
             return web.json_response({"error": {"message": reply.message}}, status=reply.status)

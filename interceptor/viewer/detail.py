@@ -17,6 +17,10 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
+from interceptor.store.lineage_audit import common_prefix
+
 __all__ = ["TokenText", "rollout_detail"]
 
 
@@ -99,18 +103,6 @@ def _spans(sample: dict, text: TokenText, earlier: list[dict]) -> list[dict]:
     return spans
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    low, high = 0, n  # the prefix [0, low) is shared; find the first difference by halving (list slices compare in C)
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[low:mid] == b[low:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
 def _trained_in(ids: list[int], position: int, earlier: list[dict]) -> int | None:
     """The earlier sample that trains the token at `position` (same ids through it, mask 1 there)."""
     for other in earlier:
@@ -144,7 +136,7 @@ def chain_tree(samples: list[dict]) -> list[dict]:
 def _inferred_chain(samples: list[dict], i: int) -> dict:
     sample, parent, shared = samples[i], None, 0
     for j in range(i):
-        common = _common_prefix(samples[j]["input_ids"], sample["input_ids"])
+        common = common_prefix(np.asarray(samples[j]["input_ids"]), np.asarray(sample["input_ids"]))
         if common > shared:
             parent, shared = samples[j].get("index", j), common
     kind = "auxiliary" if sample.get("auxiliary") else ("main" if parent is None else "fork")
