@@ -22,7 +22,8 @@ A driver (`RunnerConfig.driver`, a `RolloutDriver`) may run each attempt instead
 
 A rollout ends `ok` (graded: it has a reward), `timeout`, or `failed` with a cause: `agent` (crashed, not
 installed), `sandbox` (set-up failed), `limit` (ended for going past a limit of its sandbox: disk), `upstream`
-(its last chat call failed upstream), `grader` (the grader could not decide), `cancelled`. Only `ok` rollouts carry a reward: an infrastructure fault never turns into one.
+(its last chat call failed upstream), `overload` (it exited after this server answered its box too late),
+`grader` (the grader could not decide), `cancelled`. Only `ok` rollouts carry a reward: an infrastructure fault never turns into one.
 Cancelling (Ctrl-C) stops the agents and still writes every record.
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -154,20 +156,27 @@ class Runner:
             runs = [group.create_task(self.run_group(task, n=n)) for task in tasks]
         return [record for run in runs for record in run.result()]
 
-    async def run_group(self, task: Task, *, n: int, metadata: dict | None = None) -> list[RolloutRecord]:
+    async def run_group(self, task: Task, *, n: int, metadata: dict | None = None,
+                        queued_at: float | None = None) -> list[RolloutRecord]:
+        queued_at = time.time() if queued_at is None else queued_at
         async with asyncio.TaskGroup() as group:
             runs = [
-                group.create_task(self.run_rollout(task, metadata={**(metadata or {}), "index": i}))
+                group.create_task(self.run_rollout(task, metadata={**(metadata or {}), "index": i}, queued_at=queued_at))
                 for i in range(n)
             ]
         return [run.result() for run in runs]
 
-    async def run_rollout(self, task: Task, *, metadata: dict | None = None) -> RolloutRecord:
+    async def run_rollout(self, task: Task, *, metadata: dict | None = None,
+                          queued_at: float | None = None) -> RolloutRecord:
+        """One rollout, once one of the `concurrency` slots is free. `queued_at` (wall clock): when it was asked for
+        (a fleet's dispatch; default now); the wait until it was admitted is its `admitted` event."""
+        queued_at = time.time() if queued_at is None else queued_at
         async with self._slots:
             handle = self.server.open_rollout(
                 sampling=self.config.sampling, metadata={"task_id": task.id, "agent": self._agent_name, **(metadata or {})},
                 stop_rules=parse_stop_rules([*self.config.stop_rules, *task.stop_rules]),
             )
+            self.server.rollout(handle.id).note("admitted", waited_s=round(max(0.0, time.time() - queued_at), 3))
             status, failure, reward = "ok", None, None
             try:
                 if self.config.driver is not None:
@@ -224,7 +233,7 @@ class Runner:
             await self._prepare_workspace(task, box)
             base = await baseline(box) if fresh else None
             answer = answer_command(box.bin_dir, base_url=handle.base_url, tools_secret=handle.tools_secret,
-                                    python=box.script_python)
+                                    python=box.script_python, deadline_s=task.limits.wall_s)
             await box.put_files((answer,))
             try:
                 launch = self.config.agent.prepare(
@@ -255,7 +264,8 @@ class Runner:
                 rollout.note("limit_hit", limit=limit, count=count)
             for host, port, reason in result.egress_refused:  # each connection the box's proxy turned away
                 rollout.note("egress_refused", host=host, port=port, reason=reason)
-            _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures)
+            _check_run(result, trailing_upstream_failures=rollout.trailing_upstream_failures,
+                       replies_lost=rollout.replies_lost, answered=rollout.answered)
             try:
                 if base is not None:
                     return await capture(task, box, base)
@@ -293,7 +303,8 @@ def placement_for(server: InterceptionServer, *, resources: ResourceLimits | Non
                      warm_paths=warm_paths)
 
 
-def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:
+def _check_run(result: RunResult, *, trailing_upstream_failures: int, replies_lost: int = 0,
+               answered: bool = False) -> None:
     """Turn how the agent's run ended into a failure, or return if the rollout can be graded."""
     if result.outcome in ("timeout", "idle"):
         raise RolloutFailed(result.outcome, result.reason or f"the agent hit its {result.outcome} limit")
@@ -305,6 +316,11 @@ def _check_run(result: RunResult, *, trailing_upstream_failures: int) -> None:
         raise RolloutFailed("cancelled", result.reason or "cancelled")
     if trailing_upstream_failures:
         raise RolloutFailed("upstream", f"the agent's last {trailing_upstream_failures} chat call(s) failed upstream")
+    tail = (result.stderr or result.stdout)[-_OUTPUT_KEPT:]
+    if replies_lost and (result.exit_code != 0 or not answered):
+        # the box gave up on this server's reply (its answer unrecorded, or the agent failed after): the host was
+        # too slow, not the policy; a grade now would score the server's delay
+        raise RolloutFailed("overload", f"the agent ended (status {result.exit_code}) after {replies_lost} of the "
+                            f"server's replies to its box came too late: {tail}")
     if result.exit_code != 0:
-        tail = (result.stderr or result.stdout)[-_OUTPUT_KEPT:]
         raise RolloutFailed("agent", f"the agent exited with status {result.exit_code}: {tail}")

@@ -10,6 +10,7 @@ Each is behind the rollout's credential (`tools/*` also takes its tools-only sec
 from __future__ import annotations
 
 import asyncio
+import select
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -53,11 +54,33 @@ def add_rollout_routes(app: web.Application, server: InterceptionServer) -> None
         body = parse_json_body(raw) if raw.strip() else {}
         ensure_serialisable(body, "body")  # it is recorded: nothing that parses may make the record unwritable
         rollout.note("tool_call", tool=name)
-        answer = await host_tool(rollout, body)
+        rollout.tools_in_flight += 1
+        try:
+            answer = await host_tool(rollout, body)
+        finally:
+            rollout.tools_in_flight -= 1
         if name == "answer" and server.journal is not None:
             server.journal.answered(rollout.id, rollout.answer)
+        if _caller_gone(request):  # the box gave up waiting for this reply: the server was too slow for it
+            rollout.replies_lost += 1
+            rollout.note("reply_lost", tool=name)
         return json_response(answer)
 
     app.router.add_post("/rollout/{rid}/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/rollout/{rid}/v1/models", models)
     app.router.add_post("/rollout/{rid}/v1/tools/{tool}", tool)
+
+
+def _caller_gone(request) -> bool:
+    """Whether the client of `request` (aiohttp's or the fast lane's) has hung up, so its reply will be lost. A
+    connection whose reading is paused (the lane holds one request at a time) learns of it only from the socket:
+    POLLRDHUP, where Linux offers it."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return True
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(select, "POLLRDHUP"):
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLRDHUP)
+    return bool(poller.poll(0))

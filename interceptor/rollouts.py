@@ -149,6 +149,8 @@ class Rollout:
     body_caches: dict[str, BodyCache] = field(default_factory=dict, repr=False)  # per dialect: recent bodies
     last_activity: float = field(default_factory=time.monotonic)  # for idle watchdogs: the last authorised request
     in_flight: int = 0  # chat calls being answered now (a slow CPU generation is not an idle agent)
+    tools_in_flight: int = 0  # host-tool calls (`answer`) being answered now
+    replies_lost: int = 0  # host-tool replies whose caller had gone by the time they were ready (a slow server)
 
     def body_cache(self, dialect: str, history_key: str) -> BodyCache:
         cache = self.body_caches.get(dialect)
@@ -252,11 +254,8 @@ class Rollout:
             status=status,
             samples=samples,
             trace=self.trace.entries(read_traces, _entry_dict),
-            usage={
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "turns": len(self.trace),
-            },
+            usage={"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                   "turns": len(self.trace)},
             answer=self.scrub(self.answer),
             reward=reward,
             failure=failure,
@@ -371,6 +370,12 @@ class RolloutView:
         return self._rollout.failure
 
     @property
+    def replies_lost(self) -> int:
+        """The box's host-tool calls this server has not answered in time: answered after their caller had gone,
+        or still being answered."""
+        return self._rollout.replies_lost + self._rollout.tools_in_flight
+
+    @property
     def stopped(self) -> StopHit | None:
         return self._rollout.stopped
 
@@ -391,7 +396,5 @@ def _same(presented: str, secret: str) -> bool:
 
 
 def _bearer(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
+    scheme, _, token = (authorization or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None

@@ -75,8 +75,8 @@ class _NodeHost:
         self._stack = await PolicyStack(stack, runner=lambda server: runner).__aenter__()
         return ray.get_runtime_context().get_node_id()
 
-    async def run_group(self, task: Task, n: int, metadata: dict) -> list[bytes]:
-        records = await self._stack.runner.run_group(task, n=n, metadata=metadata)
+    async def run_group(self, task: Task, n: int, metadata: dict, queued_at: float | None = None) -> list[bytes]:
+        records = await self._stack.runner.run_group(task, n=n, metadata=metadata, queued_at=queued_at)
         self.check_raylet()
         return [record.to_json() for record in records]
 
@@ -181,9 +181,10 @@ class Fleet:
         import ray
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+        queued_at = time.time()  # each rollout's `admitted` event counts its wait from here, a node's queue included
         while True:
             node = await self._acquire()
-            ref = node.host.run_group.remote(task, n, dict(metadata or {}))
+            ref = node.host.run_group.remote(task, n, dict(metadata or {}), queued_at)
             try:
                 payloads = await ref
             except asyncio.CancelledError:

@@ -7,10 +7,8 @@
     ...
     await lane.aclose(grace_s=5)           # stops listening, lets answers in progress finish, closes its sockets
 
-A steady turn of the gate costs a few hundred microseconds of its own, and aiohttp's server around the handler cost
-about as much again (its request and response objects, header multidicts, the router, the middleware, the payload
-stream): 13% of a busy gate's samples, and about 0.2 ms of every turn's added latency (`bench/README.md`). The lane
-is the listening socket's protocol. It reads each request's head itself and asks `take(method, path)` for a handler
+aiohttp's server around a handler cost about as much as a steady turn's own work (`bench/README.md`). The lane is
+the listening socket's protocol. It reads each request's head itself and asks `take(method, path)` for a handler
 (the server offers the gate's turns and its JSON routes), and serves the request when it reads it whole:
 
     HTTP/1.1; no query string; a Content-Length body within `max_body_bytes`; no Transfer-Encoding, Expect,
@@ -24,9 +22,8 @@ heads, black_box turns, /metrics, the viewer.
 A handler's answer is `LaneReply` (a status and a body), or a `LaneStream` it opened and finished (a streamed
 turn's events, sent chunked); what it raises is turned into a `LaneReply` by `on_error` (the same status and body
 the error middleware gives). One request per connection is in hand at a time: pipelined requests wait their turn
-(in the socket, once the client is more than a head's length ahead). A handler runs to its end even if the client
-hangs up (the server's `handler_cancellation=False`): the turn is recorded, and a retry is answered from it. An idle
-connection is closed after `keepalive_s` (aiohttp's default, 75 s).
+(in the socket). A handler runs to its end even if the client hangs up (the server's `handler_cancellation=False`):
+the turn is recorded, and a retry is answered from it. An idle connection is closed after `keepalive_s` (75 s).
 """
 
 from __future__ import annotations
@@ -71,6 +68,10 @@ class LaneRequest:
 
     async def read(self) -> bytes:
         return self.body
+
+    @property
+    def transport(self) -> asyncio.Transport | None:  # None, or closing, once the client has gone
+        return self._connection.transport if self._connection is not None else None
 
     async def open_stream(self, status: int, headers: Mapping[str, str]) -> LaneStream:
         """Send the status and headers of an answer whose body follows in pieces (chunked): a handler that uses
