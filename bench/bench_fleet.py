@@ -1,14 +1,17 @@
 """Rollouts across a Ray fleet: turns per second, errors, and memory per live rollout on each node.
 
-    python bench/bench_fleet.py [--nodes 2] [--rollouts 1000] [--turns 4] [--group 8] [--json OUT]
+    python bench/bench_fleet.py [--nodes 2] [--rollouts 1000] [--per-node 32] [--turns 4] [--group 8] [--json OUT]
 
 Starts a local Ray cluster on this machine (a head and `--nodes` nodes, `ray.cluster_utils.Cluster`), an instant
 fake upstream in this process (bench/bench_server.py: the policy costs nothing, so this measures the fleet), and a
 `trainer.fleet.Fleet` whose nodes each run an interception server, a runner and `LocalSandbox`es. Every rollout is
 a real command agent (bench/peers/curl_agent.sh: `--turns` chat calls through curl, then `answer`), in groups of
-`--group`, all dispatched at once. Reported: wall time, turns per second over the run, rollouts per second,
-rollouts that did not end ok (by cause), and per node the peak of live rollouts and of the node process's RSS above
-its idle RSS, divided: the memory one live rollout costs a node (the agents' own processes are not counted).
+`--group`, all dispatched at once. Each node runs at most `--per-node` rollouts at once (its runner's concurrency;
+0: every rollout it is given) and holds one group more than that waiting; the fleet keeps the rest until a node has
+room. Reported: wall time, turns per second over the run, rollouts per second, rollouts that did not end ok (by
+cause), each rollout's wait to be admitted (from the fleet's dispatch to its start on a node: p50, p99, max), and
+per node the peak of live rollouts and of the node process's RSS above its idle RSS, divided: the memory one live
+rollout costs a node (the agents' own processes are not counted).
 Every node shares this machine's cores with the others, the upstream and the agents: read the figures as what one
 machine does, not as a scaling curve.
 """
@@ -59,13 +62,13 @@ async def measure(args: argparse.Namespace) -> dict:
                                       "limits": {"wall_s": 1800, "idle_s": 600}}) + "\n")
     task = load_tasks(tasks_file)[0]
     nodes = args.nodes + 1
-    per_node = -(-args.rollouts // nodes)
+    per_node = args.per_node or -(-args.rollouts // nodes)
     runner = RunnerConfig(agent=CommandAgent(argv=("sh", str(AGENT), str(args.turns))),
                           sampling=SamplingSettings(max_tokens=16), concurrency=per_node, sandbox=LocalSandbox)
     try:
         async with InstantUpstream(filler, tokenizer.eos_token_id, max_model_len=32768) as upstream:
             config = FleetConfig(upstream=(upstream.url,), model=model, out=work / "run", runner=runner,
-                                 groups_per_node=-(-per_node // args.group))
+                                 groups_per_node=-(-per_node // args.group) + (1 if args.per_node else 0))
             async with Fleet(config) as fleet:
                 idle = await fleet.node_stats()
                 peaks: dict[str, dict] = {k: {"rss": v["rss"], "live_rollouts": 0} for k, v in idle.items()}
@@ -87,19 +90,29 @@ async def measure(args: argparse.Namespace) -> dict:
     turns = sum(len(t.turns) for r in records for t in r.samples)
     per_rollout = {node: round((peaks[node]["rss"] - idle[node]["rss"]) / max(1, peaks[node]["live_rollouts"]))
                    for node in idle}
+    waits = sorted(e["waited_s"] for r in records for e in r.events if e["kind"] == "admitted")
+    lost = args.rollouts // args.group * args.group - sum(r.status == "ok" for r in records)
     return {
-        "nodes": nodes, "rollouts": len(records), "turns_per_rollout": args.turns, "seconds": round(seconds, 1),
+        "nodes": nodes, "per_node": per_node, "rollouts": len(records), "lost": lost, "turns_per_rollout": args.turns, "seconds": round(seconds, 1),
         "turns_per_s": round(turns / seconds, 1), "rollouts_per_s": round(len(records) / seconds, 2),
         "not_ok": dict(Counter(r.failure.cause if r.failure else r.status for r in records if r.status != "ok")),
+        "admission_wait_s": {"p50": _quantile(waits, 0.5), "p99": _quantile(waits, 0.99),
+                             "max": waits[-1] if waits else None},
         "peak_live_rollouts_per_node": {node: peaks[node]["live_rollouts"] for node in idle},
         "node_bytes_per_live_rollout": per_rollout,
     }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return round(values[min(len(values) - 1, int(q * len(values)))], 2) if values else None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=2, help="Ray nodes beside the head (which runs a node too)")
     parser.add_argument("--rollouts", type=int, default=1000)
+    parser.add_argument("--per-node", type=int, default=32,
+                        help="rollouts each node runs at once (0: all it is given, with no admission)")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--model", help="model directory (default: the tiny model with the real Qwen vocabulary)")

@@ -30,6 +30,7 @@ import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from bench.peers.serving import start_app  # noqa: E402
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig  # noqa: E402
 
 
@@ -44,10 +45,7 @@ class InstantUpstream:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await start_app(app)
         return self
 
     async def __aexit__(self, *exc_info) -> None:

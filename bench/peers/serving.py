@@ -10,7 +10,15 @@ import signal
 
 from aiohttp import web
 
-__all__ = ["serve_until_stopped"]
+__all__ = ["serve_until_stopped", "start_app"]
+
+
+async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Serve `app` on a free loopback port in this process: its runner (to clean up) and its URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
 async def serve_until_stopped(app: web.Application) -> None:

@@ -37,8 +37,10 @@ class CapturedRequest:
     headers: dict[str, str]
     body: dict | None  # the JSON body, None when there was none
     at: float  # time.monotonic() on arrival
+    raw: bytes = b""  # the body as sent
     status: int | None = None  # the server's status, once its headers came back
     response: bytearray = field(default_factory=bytearray)  # the bytes passed back, SSE comments included
+    done: float | None = None  # time.monotonic() once the whole response was passed back
 
 
 class RecordingProxy:
@@ -91,6 +93,7 @@ class RecordingProxy:
             headers=dict(request.headers),
             body=orjson.loads(raw) if raw.strip() else None,
             at=time.monotonic(),
+            raw=raw,
         )
         self.requests.append(captured)
         self.first_request.set()
@@ -111,4 +114,5 @@ class RecordingProxy:
                 captured.response += chunk
                 await response.write(chunk)
             await response.write_eof()
+            captured.done = time.monotonic()
             return response
