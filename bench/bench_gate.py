@@ -15,8 +15,9 @@ Every turn is a tool-loop turn as agents send it: the whole history, 10 tools, a
 whose result the agent appends. Every target gets the same conversation, and every measure runs the targets round
 robin, turn by turn (the order rotating each round), so machine noise hits them alike.
 - latency: rollouts grown to ~1k and ~32k tokens of history, then steady turns (fresh rollouts every `--segment`
-  turns, so the history stays near its size); p50/p99, and added ms = target - its own direct call in the same round
-  (gate - direct_tokens, the others - direct), and the ratios of the added ms to verifiers'. `--idle-ms` sleeps
+  turns, so the history stays near its size); p50/p99, and added ms = target - `direct` in the same round, for every
+  target alike (what the agent would see calling the model itself), and the ratios of the added ms to verifiers'.
+  Beside the gate's, named `over_tokens_call`: the gate - `direct_tokens` (its time beyond its own upstream call). `--idle-ms` sleeps
   after each round: a target measured alone then starts each turn with cold caches, as it does between the other
   targets' turns in the interleaved run. `--gap-ms` sleeps before every turn: each target then starts on idle cores,
   so work a proxy does after its answer (the gate readies the next turn once the answer is out) and a heavy peer's
@@ -124,9 +125,7 @@ def _measure(convos: list[Conversation]) -> Conversation:
     return next((c for c in convos if c.target.name == "gate"), convos[0])
 
 
-def _base(name: str) -> str:
-    """The direct call a target's added latency is taken against: what it sends upstream itself."""
-    return "direct_tokens" if name == "gate" else "direct"
+BASELINE = "direct"  # every target's added time is taken against what the agent would see calling the model itself
 
 
 async def latency(http: aiohttp.ClientSession, targets: list[Target], upstream: str, args: argparse.Namespace,
@@ -148,12 +147,16 @@ async def latency(http: aiohttp.ClientSession, targets: list[Target], upstream: 
 
 def latency_figures(samples: Samples) -> dict:
     figures: dict = {"history_tokens": [min(samples.history, default=0), max(samples.history, default=0)]}
+    base = samples.seconds.get(BASELINE, [])
+    tokens_call = samples.seconds.get("direct_tokens", [])
     for name, values in samples.seconds.items():
-        base = samples.seconds[_base(name)] if _base(name) in samples.seconds else []
         row = {"p50_ms": pct(values, 0.5) * 1e3, "p99_ms": pct(values, 0.99) * 1e3}
-        if name not in ("direct", "direct_tokens") and base:
+        if name not in (BASELINE, "direct_tokens") and base:
             added = [t - d for t, d in zip(values, base)]  # paired: the same round
             row |= {"added_p50_ms": pct(added, 0.5) * 1e3, "added_p99_ms": pct(added, 0.99) * 1e3}
+        if name == "gate" and tokens_call:  # named beside it: the gate's time beyond its own token-id call upstream
+            beyond = [t - d for t, d in zip(values, tokens_call)]
+            row["over_tokens_call_p50_ms"] = pct(beyond, 0.5) * 1e3
         figures[name] = row
     for name in ("gate", "black_box"):
         ours, theirs = figures.get(name, {}), figures.get("verifiers", {})
@@ -179,8 +182,8 @@ async def flatness(http: aiohttp.ClientSession, targets: list[Target], upstream:
     figures: dict = {"history_tokens": [min(samples.history, default=0), max(samples.history, default=0)]}
     for name, (first, last) in ends.items():
         row = {"first_ms": first * 1e3, "last_ms": last * 1e3, "ratio": last / first}
-        if name not in ("direct", "direct_tokens") and _base(name) in ends:
-            base_first, base_last = ends[_base(name)]
+        if name not in (BASELINE, "direct_tokens") and BASELINE in ends:
+            base_first, base_last = ends[BASELINE]
             row["added_ratio"] = (last - base_last) / (first - base_first)  # the proxy's own part, end vs start
         figures[name] = row
     return figures

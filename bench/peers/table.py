@@ -5,8 +5,9 @@ from __future__ import annotations
 __all__ = ["METHOD", "print_table"]
 
 METHOD = ("method: one load-generator process (aiohttp), each server its own process, instant fake upstream; "
-          "targets round robin per turn; added = target - its direct call in the same round "
-          "(gate - direct_tokens, others - direct); ratios are of added ms; throughput slices alternate targets.")
+          "targets round robin per turn; added = target - direct in the same round, for every target "
+          "(over_tokens_call: gate - direct_tokens, beside it); ratios are of added ms; throughput slices alternate "
+          "targets.")
 
 
 def print_table(results: dict) -> None:
