@@ -13,9 +13,11 @@ behind one front (`gate_wN`). This process is only the load generator. Targets:
 
 A target holds a population of N session copies. Copy c of a session sends its recorded requests in order, each
 when the one it followed in the recording has been answered and the agent's recorded time after it (its tools, its
-own work) has passed; requests that overlapped in the recording overlap here (a title beside the first turn). Its
-instruction carries its own mark (`Session S-...-cNNNN`), and the tool-call ids a target gave are echoed back in
-place of the recorded ones, as the agent would. A copy that finishes closes its rollout and a new copy begins.
+own work) has passed; requests that overlapped in the recording overlap here (a title beside the first turn). The
+tool-call ids a target gave are echoed back in place of the recorded ones, as the agent would. Copies of a session
+are the same conversation, as the rollouts of a GRPO group are at their start (what the gate keeps across
+rollouts, a first turn's chunk ids and the tool lists, a group shares too). A copy that finishes closes its rollout
+and a new copy begins.
 Before measuring, each new copy is brought to a random depth of its session against an instant model (so the
 contexts measured are spread as in a steady run, not all at the start).
 
@@ -113,7 +115,7 @@ class Population:
         base = endpoint.chat_url.removesuffix("/chat/completions")
         auth = {"Authorization": endpoint.headers.get("Authorization", ""),
                 "x-api-key": endpoint.headers.get("Authorization", "").removeprefix("Bearer ")}
-        swaps = session.mark(copy)
+        swaps: dict[bytes, bytes] = {}  # recorded tool-call id -> the one this target gave
         answered = [asyncio.Event() for _ in session.requests]
         self.live += 1
         try:

@@ -5,9 +5,9 @@ needs to send it, answer it and time it.
     describe(sessions)            # sessions, requests, context percentiles, tool-output sizes (the peer's terms)
 
 A request's `key` is what the fake servers find its recorded answer by (`request_key`: the path, how many
-messages or input items it carries and a digest of the last one), so a copy of the session whose instruction is
-marked differently (`Session S-...-c17`) still finds it. Its `model_s` is what a realistic policy server would
-take for it (`ModelTiming`): prefill of the tokens new since the session's previous turn, decode of the reply.
+messages or input items it carries and digests of the first and the last: relayed by black_box, a body is not
+the same bytes). What a realistic policy server would take for it is `ModelTiming`'s: prefill of the tokens new
+since the session's previous turn, decode of the reply.
 """
 
 from __future__ import annotations
@@ -50,16 +50,12 @@ def request_key(method: str, path: str, body: bytes) -> str:
         parsed = orjson.loads(body)
         items = parsed.get("messages") if "messages" in parsed else parsed.get("input")
     if isinstance(items, list) and items:
-        digest = hashlib.blake2b(orjson.dumps(_unmarked(items[-1]), option=orjson.OPT_SORT_KEYS), digest_size=12)
-        return f"{method} {path} {len(items)} {digest.hexdigest()}"
-    return f"{method} {path} {hashlib.blake2b(_COPY_MARK.sub(b'', body), digest_size=12).hexdigest()}"
+        return f"{method} {path} {len(items)} {_digest(items[0])} {_digest(items[-1])}"
+    return f"{method} {path} {hashlib.blake2b(body, digest_size=12).hexdigest()}"
 
 
-_COPY_MARK = re.compile(rb"-c\d{4}\b")
-
-
-def _unmarked(item: object) -> object:
-    return orjson.loads(_COPY_MARK.sub(b"", orjson.dumps(item)))
+def _digest(item: object) -> str:
+    return hashlib.blake2b(orjson.dumps(item, option=orjson.OPT_SORT_KEYS), digest_size=12).hexdigest()
 
 
 @dataclass
@@ -80,10 +76,10 @@ class Request:
     after: int | None = None  # the request whose answer it followed (the latest one done before it began)
     think_s: float = 0.0  # the agent's time between that answer and this request (its tools, its own work)
     call_ids: list[bytes] = field(default_factory=list)  # the tool-call ids its answer gave, in order
-    pieces: list[bytes] = field(default_factory=list)  # the body cut around the session mark and every call id
+    pieces: list[bytes] = field(default_factory=list)  # the body cut around every tool-call id
 
     def render(self, swaps: dict[bytes, bytes]) -> bytes:
-        """The body with the session mark and call ids swapped (a copy's mark; the ids the target gave)."""
+        """The body with the tool-call ids a target gave in place of the recorded ones."""
         return b"".join([swaps.get(piece, piece) for piece in self.pieces])
 
     @property
@@ -95,21 +91,17 @@ class Request:
 class Session:
     name: str  # <agent>-<package>
     agent: str
-    session: str  # "S-...": the mark in its instruction a copy changes
+    session: str  # "S-...": its name in the instruction
     requests: list[Request]
     kinds: list[str]  # the recorded rollout's chain kinds
     window: int  # the context window the gate had (and the agent was told)
     completions: dict[str, dict]  # policy.prompt_key -> {"ids", "logprobs"}: the policy's replies, in order
 
-    def mark(self, copy: int) -> dict[bytes, bytes]:
-        """The swap that makes a body copy `copy`'s (`Request.render`): its session mark made its own."""
-        return {self.session.encode(): f"{self.session}-c{copy:04d}".encode()}
+
+_ID = re.compile(rb"(?:call|toolu)_[0-9A-Za-z]+")  # a tool-call id wherever it stands in a body
 
 
-_ID = rb"(?:call|toolu)_[0-9A-Za-z]+"
-
-
-def _pieces(body: bytes, cut: re.Pattern) -> list[bytes]:
+def _pieces(body: bytes, cut: re.Pattern = _ID) -> list[bytes]:
     pieces, at = [], 0
     for match in cut.finditer(body):
         pieces += [body[at:match.start()], match.group(0)]
@@ -136,10 +128,9 @@ def load_session(path: Path) -> Session:
                                 response=response, key=request_key(r["method"], r["path"], body),
                                 prompt_tokens=prompt, completion_tokens=completion,
                                 call_ids=CALL_IDS.findall(response)))
-    cut = re.compile(re.escape(data["session"].encode()) + b"|" + _ID)
     previous = 0
     for request in requests:
-        request.pieces = _pieces(request.body, cut)
+        request.pieces = _pieces(request.body)
         before = [r for r in requests if r.done <= request.at]
         if before:
             latest = max(before, key=lambda r: r.done)

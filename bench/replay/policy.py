@@ -5,13 +5,15 @@ prompt is decoded, and the reply is the next step of a session's work, as a tool
 Qwen's format, with a sentence or two of reasoning before it:
 
     read 150-250 lines of the next source file (most steps), grep the tree for a name, edit a file with sed, write
-    a unittest and run it; after `steps` steps a short report (no tool call), which ends the agent's run.
+    a unittest and run it; after `steps` steps a short report (no tool call), which ends the agent's run. Every
+    command ends by echoing the session's tag and step, so no two turns of the corpus end alike.
 
+At step SUBAGENT_STEP, an agent with a sub-agent tool (OpenCode's `task`) hands a brief of a
+few steps to a sub-agent, whose chain the policy knows by that brief and works through apart.
 The session is named in its instruction ("Session S-..."); the policy keeps each session's step count, so a
 compaction (a summary request, answered with a summary that names the session) resumes the work where it was
 instead of starting over. A request without the shell tool (a title, a summary) gets plain text. Every reply is
-kept (`completions`: the prompt's last ids -> the ids and logprobs sampled, and a digest of its tail's text), so a
-replay can answer the gate the same way.
+kept (`completions`: `prompt_key` -> the ids and logprobs sampled), so a replay can answer the gate the same way.
 """
 
 from __future__ import annotations
@@ -27,34 +29,33 @@ from aiohttp import web
 
 from bench.peers.serving import start_app
 
-__all__ = ["SHELL_TOOLS", "WorkPolicy", "prompt_key", "tail_digest", "text_digest"]
+__all__ = ["SHELL_TOOLS", "WorkPolicy", "prompt_key"]
 
 # The agents' shell tools, as their requests name them, and the argument that holds the command
 SHELL_TOOLS = (("exec_command", "cmd"), ("Bash", "command"), ("bash", "command"))
-KEY_IDS = 256  # a prompt is known by its last ids (and its length): what differs between copies is its head
-TEXT_CHARS = 1000  # or by the text of its tail, without the copy's mark
-_COPY_MARK = re.compile(r"-c\d{4}\b")
+KEY_IDS = 256  # a prompt is known by its last ids, its length and its number of messages
+FIRST_MESSAGES = 6  # a prompt with at most this many messages is known by all its ids
+TURN_MARK = "<|im_start|>"  # the chat template's message opener: counted, it tells turns that end alike apart
+# The agents' sub-agent tools, called once a session at SUBAGENT_STEP with a brief of SUBAGENT_STEPS steps of work
+# Not Claude Code's `Agent`: it runs the sub-agent in the background and tells the main chain in a system message
+# when it ends, and the gate's prompts after that message are not yet reproduced in a replay (the replay model
+# misses them), so Claude Code's sessions keep their work on the main chain.
+SUBAGENT_TOOLS = (("task", {"subagent_type": "general"}),)
+SUBAGENT_STEP, SUBAGENT_STEPS = 30, 3
 _SESSION = re.compile(r"Session (S-[0-9a-f]+)")
 _THOUGHTS = ("Let me look at {what} to see how it is put together.", "Next I will check {what}.",
              "{what} should tell me how the pieces connect.", "I still need to read {what} before changing anything.",
              "To be sure the change is safe, I will go through {what}.")
 
 
-def prompt_key(prompt: list[int]) -> str:
-    """What a completion is kept by: the prompt's length and `tail_digest` (what a replay finds it by, since a
-    copy's mark changes the length)."""
-    return f"{len(prompt)}:{tail_digest(prompt)}"
-
-
-def tail_digest(prompt: list[int]) -> str:
-    """A digest of the prompt's last KEY_IDS ids: later turns of a copy of a session differ only in their head."""
-    return hashlib.blake2b(orjson.dumps(prompt[-KEY_IDS:]), digest_size=12).hexdigest()
-
-
-def text_digest(text: str) -> str:
-    """A digest of the prompt's last TEXT_CHARS characters with copy marks taken out: a copy's first turn, whose
-    instruction (and mark) is in the tail, is found by it."""
-    return hashlib.blake2b(_COPY_MARK.sub("", text)[-TEXT_CHARS:].encode(), digest_size=12).hexdigest()
+def prompt_key(prompt: list[int], turn_mark: int) -> str:
+    """What a completion is found by: the prompt's length, how many messages it holds (its `<|im_start|>` tokens)
+    and a digest of its last KEY_IDS ids (every tool output ends with its session's tag and step)."""
+    messages = prompt.count(turn_mark)
+    # before the first tool output the tail is the agent's own text (Claude Code's environment block), alike across
+    # sessions: the whole prompt then (short) tells them apart
+    key = prompt if messages <= FIRST_MESSAGES else prompt[-KEY_IDS:]
+    return f"{len(prompt)}:{messages}:{hashlib.blake2b(orjson.dumps(key), digest_size=12).hexdigest()}"
 
 
 @dataclass
@@ -96,8 +97,8 @@ class WorkPolicy:
         ids = ids[: body.get("max_tokens") or len(ids)]
         rng = random.Random(len(prompt))
         logprobs = [-rng.uniform(0.01, 3.0) for _ in ids]
-        tail = self.tokenizer.backend_tokenizer.decode(prompt[-3 * KEY_IDS:], skip_special_tokens=False)
-        self.completions[prompt_key(prompt)] = {"ids": ids, "logprobs": logprobs, "text": text_digest(tail)}
+        mark = self.tokenizer.convert_tokens_to_ids(TURN_MARK)
+        self.completions[prompt_key(prompt, mark)] = {"ids": ids, "logprobs": logprobs}
         choice = {"index": 0, "text": "", "token_ids": ids, "prompt_token_ids": None,
                   "logprobs": {"token_logprobs": logprobs}, "stop_reason": None,
                   "finish_reason": "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"}
@@ -109,7 +110,9 @@ class WorkPolicy:
 
     def reply(self, prompt: str) -> str:
         found = _SESSION.findall(prompt)
-        session = self.sessions.setdefault(found[0] if found else "-", _Session())
+        first_user = prompt.split("<|im_start|>user", 1)[-1].split("<|im_end|>", 1)[0]
+        sub = "Sub-task of Session" in first_user  # a sub-agent's chain: its brief is its task
+        session = self.sessions.setdefault((found[0] if found else "-") + ("/sub" if sub else ""), _Session())
         last_user = prompt.rsplit("<|im_start|>user", 1)[-1]
         shell = next(((name, arg) for name, arg in SHELL_TOOLS if f'"name": "{name}"' in prompt), None)
         # a compaction request: the agent's own instruction to summarise (not a tool result, not the task)
@@ -121,12 +124,25 @@ class WorkPolicy:
             return (f"Summary of {found[0] if found else 'the session'}: the work so far read "
                     f"{session.steps} parts of the source tree, searched it, edited files and ran a unittest that "
                     "passed. Next: keep reading the remaining files in order, then report what was found.")
+        if sub and session.steps >= SUBAGENT_STEPS:
+            return f"Sub-task done: read {session.steps} parts; nothing in them needs changing."
+        spawn = next(((name, extra) for name, extra in SUBAGENT_TOOLS if f'"name": "{name}"' in prompt), None)
+        if not sub and spawn is not None and session.steps == SUBAGENT_STEP:
+            session.steps += 1
+            name, extra = spawn
+            brief = (f"Sub-task of Session {found[0] if found else 'S-0'}: read the first 150 lines of "
+                     f"{self.files[-1][0]} and of {self.files[-2][0]}, then say what they define.")
+            call = {"name": name, "arguments": {"description": "read two small files", "prompt": brief, **extra}}
+            return f"Two small files can be read aside.\n<tool_call>\n{orjson.dumps(call).decode()}\n</tool_call>"
         if session.steps >= self.steps:
             return (f"Done. I read {session.steps} parts of the tree, made {session.steps // 9} small edits and ran "
                     "the unittest after each; it passes.")
         step = session.steps
         session.steps += 1
         command, what = self._command(step, found[0] if found else "S-0")
+        # the output ends with the session's tag: two sessions' turns never end alike (a replay finds a completion
+        # by its prompt's tail)
+        command += f"; echo '[{found[0] if found else 'S-0'}{'/sub' if sub else ''} {step}]'"
         rng = random.Random(step)
         thought = " ".join(rng.choice(_THOUGHTS).format(what=what) for _ in range(rng.randint(1, 3)))
         name, arg = shell

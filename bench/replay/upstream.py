@@ -2,8 +2,8 @@
 
     python bench/replay/upstream.py --corpus bench/replay/corpus --model DIR     # prints {"url": ...}, serves until SIGTERM
 
-- `POST /v1/completions` (what the gate sends): the prompt's ids are found by their tail (`policy.tail_digest`)
-  among the corpus's completions and answered with the ids and logprobs recorded (a prompt not recorded: 400).
+- `POST /v1/completions` (what the gate sends): the prompt is found by `policy.prompt_key` among the corpus's
+  completions and answered with the ids and logprobs recorded (a prompt not recorded: 400).
 - Every other recorded request (`/v1/chat/completions`, `/v1/messages`, `/v1/responses`, `count_tokens`, what
   `direct` and `black_box` send): found by `corpus.request_key` and answered with the recorded status and bytes, a
   stream as a stream.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.peers.serving import serve_until_stopped  # noqa: E402
 from bench.replay.corpus import ModelTiming, load_corpus, request_key  # noqa: E402
-from bench.replay.policy import KEY_IDS, tail_digest, text_digest  # noqa: E402
+from bench.replay.policy import KEY_IDS, TURN_MARK, prompt_key  # noqa: E402
 
 
 class ReplayModel:
@@ -34,6 +35,7 @@ class ReplayModel:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+        self.turn_mark = self.tokenizer.token_to_id(TURN_MARK)
         sessions = load_corpus(corpus)
         self.window = min(s.window for s in sessions)
         self.timing = ModelTiming()
@@ -42,15 +44,13 @@ class ReplayModel:
         for session in sessions:
             previous = 0
             for key, completion in session.completions.items():
-                length, digest = key.split(":")
-                length = int(length)
+                length = int(key.split(":", 1)[0])
                 new = length - previous if length > previous else length
                 previous = length
                 choice = {"index": 0, "text": "", "token_ids": completion["ids"], "prompt_token_ids": None,
                           "logprobs": {"token_logprobs": completion["logprobs"]}, "stop_reason": None,
                           "finish_reason": "stop"}
-                self.completions[digest] = self.completions[completion["text"]] = (
-                    orjson.dumps(choice), new, len(completion["ids"]))
+                self.completions[key] = (orjson.dumps(choice), new, len(completion["ids"]))
         self.misses = 0
 
     def app(self) -> web.Application:
@@ -72,11 +72,12 @@ class ReplayModel:
     async def complete(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
         prompt = body["prompt"]
-        found = self.completions.get(tail_digest(prompt))
-        if found is None:  # a copy's first turn: its mark is in the tail
-            found = self.completions.get(text_digest(self.tokenizer.decode(prompt[-3 * KEY_IDS:], skip_special_tokens=False)))
+        found = self.completions.get(prompt_key(prompt, self.turn_mark))
         if found is None:
             self.misses += 1
+            if os.environ.get("REPLAY_MISSES"):
+                with open(os.environ["REPLAY_MISSES"], "a") as out:
+                    out.write(repr(self.tokenizer.decode(prompt[-3 * KEY_IDS:], skip_special_tokens=False)) + "\n")
             return web.json_response({"error": {"message": "prompt not in the corpus"}}, status=400)
         choice, new, completion = found
         await _wait(self.timing.seconds(new, completion))
