@@ -59,9 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_server import model_or_tiny  # noqa: E402
 from bench.peers.launch import DirectTarget, InterceptorTarget, Target, start_process  # noqa: E402
 from bench.replay.corpus import CALL_IDS, Session, describe, load_corpus  # noqa: E402
+from interceptor.config import ServerConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "bench" / "replay" / "corpus"
+DEFAULT_MAX_TOKENS = ServerConfig.__dataclass_fields__["default_max_tokens"].default  # the recording server's
 BUCKETS = ((8_000, 4_000, 16_000), (32_000, 16_000, 64_000), (100_000, 64_000, 150_000), (200_000, 150_000, 10**9))
 
 
@@ -189,7 +191,8 @@ def start_all(stack: contextlib.ExitStack, args, model: Path, logs: Path) -> tup
         "model", [sys.executable, str(ROOT / "bench" / "replay" / "upstream.py"), "--corpus", str(args.corpus), "--model", str(model)],
         logs))
     url = model_ready.ready["url"]
-    server = [*pin, sys.executable, str(ROOT / "bench" / "peers" / "interceptor_server.py"), "--upstream", url]
+    server = [*pin, sys.executable, str(ROOT / "bench" / "peers" / "interceptor_server.py"), "--upstream", url,
+              "--default-max-tokens", str(DEFAULT_MAX_TOKENS)]  # as recorded: a cut reply would be a rewritten history
     targets: dict[str, tuple[Target, int | None]] = {"direct": (DirectTarget("direct", url), None)}
     wanted = args.targets.split(",")
     if "black_box" in wanted:

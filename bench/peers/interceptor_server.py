@@ -34,7 +34,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model_dir=args.model,
         admin_token=secrets.token_urlsafe(16),
         record_path=args.record,
-        default_max_tokens=64,
+        default_max_tokens=args.default_max_tokens,
     )
 
 
@@ -55,6 +55,8 @@ def main() -> int:
     parser.add_argument("--model", type=Path, help="model directory (interception_gate)")
     parser.add_argument("--record", type=Path, help="JSON Lines file for finished rollouts")
     parser.add_argument("--workers", type=int, default=1, help="server processes (interceptor serve --workers)")
+    parser.add_argument("--default-max-tokens", type=int, default=64,
+                        help="max_tokens for requests that set none (bench_replay: the server's own default, as recorded)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(serve(config_from_args(args), args.workers))
