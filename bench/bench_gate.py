@@ -15,11 +15,9 @@ Every turn is a tool-loop turn as agents send it: the whole history, 10 tools, a
 whose result the agent appends. Every target gets the same conversation, and every measure runs the targets round
 robin, turn by turn (the order rotating each round), so machine noise hits them alike.
 - latency: rollouts grown to ~1k and ~32k tokens of history, then steady turns (fresh rollouts every `--segment`
-  turns, so the history stays near its size); p50/p99, and added ms = target - `direct` in the same round, for every
-  target alike (what the agent would see calling the model itself), and the ratios of the added ms to verifiers'.
-  Beside the gate's, named `over_tokens_call`: the gate - `direct_tokens` (its time beyond its own upstream call). `--idle-ms` sleeps
-  after each round: a target measured alone then starts each turn with cold caches, as it does between the other
-  targets' turns in the interleaved run. `--gap-ms` sleeps before every turn: each target then starts on idle cores,
+  turns, so the history stays near its size); p50/p99, added ms = target - `direct` in the same round for every
+  target, the ratios of added ms to verifiers', and the gate's `over_tokens_call` (gate - `direct_tokens`) beside.
+  `--idle-ms` sleeps after each round: each turn then starts with cold caches, as in the interleaved run. `--gap-ms` sleeps before every turn: each target then starts on idle cores,
   so work a proxy does after its answer (the gate readies the next turn once the answer is out) and a heavy peer's
   after-work (LiteLLM's) do not land on the next target's clock, as they do back to back.
 - flatness: one rollout per target, `--flat-turns` turns of ~130 tokens each; the median of turns 1-8 vs the last 8.
@@ -155,8 +153,7 @@ def latency_figures(samples: Samples) -> dict:
             added = [t - d for t, d in zip(values, base)]  # paired: the same round
             row |= {"added_p50_ms": pct(added, 0.5) * 1e3, "added_p99_ms": pct(added, 0.99) * 1e3}
         if name == "gate" and tokens_call:  # named beside it: the gate's time beyond its own token-id call upstream
-            beyond = [t - d for t, d in zip(values, tokens_call)]
-            row["over_tokens_call_p50_ms"] = pct(beyond, 0.5) * 1e3
+            row["over_tokens_call_p50_ms"] = pct([t - d for t, d in zip(values, tokens_call)], 0.5) * 1e3
         figures[name] = row
     for name in ("gate", "black_box"):
         ours, theirs = figures.get(name, {}), figures.get("verifiers", {})

@@ -91,7 +91,6 @@ class Population:
     turns: list[Turn] = field(default_factory=list)
     copies: itertools.count = field(default_factory=itertools.count)
     tasks: list[asyncio.Task] = field(default_factory=list)
-    live: int = 0
     finished: int = 0  # copies that ran to their session's end
 
     async def grow(self, n: int) -> None:
@@ -119,7 +118,6 @@ class Population:
                 "x-api-key": endpoint.headers.get("Authorization", "").removeprefix("Bearer ")}
         swaps: dict[bytes, bytes] = {}  # recorded tool-call id -> the one this target gave
         answered = [asyncio.Event() for _ in session.requests]
-        self.live += 1
         try:
             warm = [r for r in session.requests if r.index < depth]
             for request in warm:  # sent one after the other, instantly: the copy's history as the target holds it
@@ -132,7 +130,6 @@ class Population:
                     group.create_task(self._follow(request, base, auth, swaps, session, answered))
             self.finished += 1
         finally:
-            self.live -= 1
             with contextlib.suppress(Exception):
                 await self.target.close(self.http, endpoint)
 

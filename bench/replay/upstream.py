@@ -10,6 +10,7 @@
 - `GET /v1/models`: the context window the corpus was recorded with (so the gate refuses what it refused then).
 - `POST /admin/timing {"prefill_tps", "decode_tps"}`: how long answers take from now on (`corpus.ModelTiming`;
   zeros: at once). A completion takes the time of the recorded turn it answers, so every target waits alike.
+With `REPLAY_MISSES=FILE`, the tail of each prompt not found is appended to FILE (to see where a replay parts).
 """
 
 from __future__ import annotations
