@@ -3,10 +3,12 @@
     python -m bench.replay.record                     # once: the corpus (real agents, ~30 min; not committed)
     python bench/bench_replay.py [--sessions 96,192,384] [--timing realistic,instant] [--slice-s 20] [--slices 3]
                                  [--targets direct,black_box,gate] [--gate-workers 2] [--pin 0:1] [--json OUT]
+                                 [--gate-off fast_lane,lean_client,tiktoken_twin,suffix_writer]
 
 Processes, each its own: the replay model (bench/replay/upstream.py: every answer is the recorded one), the gate
-(`interception_gate`, recording as in training), `black_box` and, with `--gate-workers N`, the gate as N workers
-behind one front (`gate_wN`). This process is only the load generator. Targets:
+(`interception_gate`, recording as in training), `black_box`, with `--gate-workers N` the gate as N workers behind
+one front (`gate_wN`), and with `--gate-off A,B` the gate with accelerator A off (`gate-A`), and B. This process is
+only the load generator. Targets:
 - `direct`: the agent's requests straight to the model server (the replay model's own chat, Messages and
   Responses endpoints): the one baseline every target's figures are taken against;
 - `black_box`, `gate`, `gate_wN`: the same requests through Interceptor, each copy of a session its own rollout.
@@ -25,9 +27,11 @@ Upstream timing (`--timing`): `realistic`: every answer takes prefill of the tok
 previous turn at `--prefill-tps` plus decode of the reply at `--decode-tps` (one request's share of a busy policy
 server), and the agent's recorded think time is kept; `instant`: answers at once and no think time (what a process
 can do at most). Each N is measured in `--slices` slices of `--slice-s` per target, the targets taking turns (the
-others' copies wait), so machine noise hits them alike. Reported per target: turns/s and input tokens/s; capture
-cost (1 - its turns/s over `direct`'s in the same run); added latency p50/p99 per turn (its time for a request
-minus `direct`'s median for the same request) at contexts around 8k, 32k, 100k and 200k tokens; CPU seconds of
+others' copies wait and think no further), so machine noise hits them alike. Reported per target: turns/s and
+input tokens/s; capture cost (1 - its turns/s over `direct`'s in the same run, and from its mean added time per turn
+by Little's law: added / (N / direct's turns/s + added), steadier over short slices); added latency p50/p99 per
+turn (its time for a request minus `direct`'s median for the same request) at contexts around 8k, 32k, 100k and
+200k tokens; CPU seconds of
 its processes per turn; RSS per live session (its processes' RSS with N sessions live, less before any, over N);
 errors (an answer whose status is not the recorded one). `--pin A:B` runs this process and the model on cores A
 and the targets on cores B (`taskset`), so the targets' share of the machine is known.
@@ -87,6 +91,7 @@ class Population:
     rng: random.Random
     think: bool = False
     active: asyncio.Event = field(default_factory=asyncio.Event)  # set while its target's slice runs
+    paused: asyncio.Event = field(default_factory=asyncio.Event)  # set while it does not
     measuring: bool = False
     turns: list[Turn] = field(default_factory=list)
     copies: itertools.count = field(default_factory=itertools.count)
@@ -137,10 +142,26 @@ class Population:
         if request.after is not None:
             await answered[request.after].wait()
             if self.think and request.think_s:
-                await asyncio.sleep(request.think_s)
+                await self.think_for(request.think_s)
         await self.active.wait()
         await self._send(request, base, auth, swaps, session, measured=True)
         answered[request.index].set()
+
+    def run(self, on: bool) -> None:
+        (self.active.set if on else self.active.clear)()
+        (self.paused.clear if on else self.paused.set)()
+
+    async def think_for(self, seconds: float) -> None:
+        """The agent's time between turns, counted only while the population runs: a paused population's agents
+        think no further, so its copies do not all fall due at once when its next slice starts."""
+        left = seconds
+        while left > 0:
+            await self.active.wait()
+            started = time.perf_counter()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self.paused.wait()
+            left -= time.perf_counter() - started
 
     async def _send(self, request, base, auth, swaps, session, *, measured: bool) -> None:
         body = request.render(swaps)
@@ -204,6 +225,11 @@ def start_all(stack: contextlib.ExitStack, args, model: Path, logs: Path) -> tup
         p = stack.enter_context(start_process(
             name, [*gate, "--record", str(logs / f"{name}.jsonl"), "--workers", str(n)], logs))
         targets[name] = (InterceptorTarget(name, p.ready["url"], p.ready["admin_token"]), p.pid)
+    for name in (n for n in args.gate_off.split(",") if n):
+        label = f"gate-{name}"
+        p = stack.enter_context(start_process(
+            label, [*gate, "--record", str(logs / f"{label}.jsonl"), "--off", name], logs))
+        targets[label] = (InterceptorTarget(label, p.ready["url"], p.ready["admin_token"]), p.pid)
     return url, targets
 
 
@@ -221,6 +247,8 @@ def figures(name: str, turns: list[Turn], seconds: float, cpu: float, direct_med
            "input_tokens_per_s": round(sum(t.prompt_tokens for t in ok) / seconds),
            "errors": len(turns) - len(ok),
            "cpu_ms_per_turn": round(cpu / max(1, len(ok)) * 1e3, 2) if name != "direct" else None}
+    every = [t.seconds - direct_median[(t.session, t.index)] for t in ok if (t.session, t.index) in direct_median]
+    row["added_mean_ms"] = round(statistics.fmean(every) * 1e3, 2) if every and name != "direct" else None
     for label, low, high in BUCKETS:
         added = [t.seconds - direct_median[(t.session, t.index)] for t in ok
                  if low <= t.prompt_tokens < high and (t.session, t.index) in direct_median]
@@ -254,9 +282,9 @@ async def measure(args, sessions: list[Session], url: str, targets: dict) -> dic
                 await set_timing(http, url, 0, 0)
                 for name, population in populations.items():  # warm each target alone, then pause it
                     population.measuring = False
-                    population.active.set()
+                    population.run(True)
                     await population.grow(n)
-                    population.active.clear()
+                    population.run(False)
                 if realistic:
                     await set_timing(http, url, args.prefill_tps, args.decode_tps)
                 active_s: dict[str, float] = defaultdict(float)
@@ -269,9 +297,9 @@ async def measure(args, sessions: list[Session], url: str, targets: dict) -> dic
                         population, pid = populations[name], targets[name][1]
                         before = cpu_seconds(pid) if pid else 0.0
                         started = time.perf_counter()
-                        population.active.set()
+                        population.run(True)
                         await asyncio.sleep(args.slice_s)
-                        population.active.clear()
+                        population.run(False)
                         active_s[name] += time.perf_counter() - started
                         cpu[name] += (cpu_seconds(pid) - before) if pid else 0.0
                 live_rss = {name: rss(pid) for name, (_, pid) in targets.items() if pid}
@@ -281,6 +309,11 @@ async def measure(args, sessions: list[Session], url: str, targets: dict) -> dic
                     table[name] = figures(name, population.turns, active_s[name], cpu[name], direct_median)
                     if name != "direct" and table["direct"]["turns_per_s"]:
                         table[name]["capture_cost"] = round(1 - table[name]["turns_per_s"] / table["direct"]["turns_per_s"], 4)
+                        # Little's law: N copies, each a turn per cycle (its think, the model's time, what the
+                        # target adds); `direct`'s cycle is N over its turns/s. Less noisy than the turns/s ratio.
+                        cycle = n / table["direct"]["turns_per_s"]
+                        added = (table[name]["added_mean_ms"] or 0.0) / 1e3
+                        table[name]["capture_cost_from_latency"] = round(added / (cycle + added), 4)
                     if name in live_rss:
                         table[name]["rss_kib_per_session"] = round((live_rss[name] - idle_rss[name]) / 1024 / n, 1)
                 misses = await set_timing(http, url, 0, 0)
@@ -313,6 +346,8 @@ def main() -> int:
     parser.add_argument("--timing", default="realistic,instant")
     parser.add_argument("--targets", default="direct,black_box,gate")
     parser.add_argument("--gate-workers", default="", help="also the gate as N workers (gate_wN), e.g. 2")
+    parser.add_argument("--gate-off", default="", help="also the gate with each of these accelerators off "
+                        "(gate-NAME): fast_lane, lean_client, tiktoken_twin, suffix_writer")
     parser.add_argument("--prefill-tps", type=float, default=10_000.0, help="realistic: prefill tokens/s")
     parser.add_argument("--decode-tps", type=float, default=60.0, help="realistic: decode tokens/s per request")
     parser.add_argument("--slice-s", type=float, default=20.0)

@@ -142,6 +142,11 @@ def _register_own(commands: CommandRegistry) -> None:
         help="serve every request through aiohttp; by default the gate's turns and the JSON routes are read and answered "
         "straight off the socket",
     )
+    serve.add_argument(
+        "--no-lean-client", dest="lean_client", action="store_false",
+        help="call the policy server through aiohttp's client; by default its JSON calls go through a lean keep-alive "
+        "HTTP/1.1 pool when its URL is plain http",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
     serve.add_argument("--box-listen", metavar="HOST:PORT",

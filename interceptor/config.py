@@ -67,6 +67,7 @@ class UpstreamConfig:
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 4.0
     max_connections: int = 256
+    lean_client: bool = True  # JSON calls to a plain-http upstream through the lean HTTP/1.1 pool (http1.py)
     # Further replicas of the same policy beside `base_url`: each rollout is pinned to one (`replicas.py`).
     replicas: tuple[str, ...] = ()
     health_interval_s: float = 2.0  # replicas' /health, when there are several

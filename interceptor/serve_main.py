@@ -35,6 +35,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             base_url=args.upstream[0],
             replicas=tuple(args.upstream[1:]),
             api_key=os.environ.get("INTERCEPTOR_UPSTREAM_API_KEY"),
+            lean_client=args.lean_client,
         ),
         mode=args.mode,
         model_dir=Path(args.model) if args.model else None,

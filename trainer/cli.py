@@ -152,6 +152,8 @@ def register(commands: CommandRegistry) -> None:
         "--logprobs-mode", choices=("raw_logprobs", "processed_logprobs"), default="raw_logprobs"
     )
     engine.add_argument("--max-batch-size", type=int, default=8)
+    engine.add_argument("--prefix-cache-mib", type=int, default=512,
+                        help="keys and values of recent prompts kept for prompts that start with them; 0: off")
     engine.add_argument("--threads", type=int, default=1, help="torch threads for generation")
     engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (vLLM's --device)")
     engine.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",

@@ -3,6 +3,7 @@
     python bench/peers/interceptor_server.py --mode interception_gate --upstream URL --model DIR --record FILE
     python bench/peers/interceptor_server.py --mode black_box --upstream URL
     python bench/peers/interceptor_server.py ... --workers 2     # N worker processes behind one admin front
+    python bench/peers/interceptor_server.py ... --off fast_lane  # an accelerator (or several) off
 
 Prints {"url": ..., "admin_token": ...} on one line once it listens, and serves until SIGTERM. Rollouts are opened
 with `POST /rollouts` (see interceptor/admin.py). With `--record`, every turn goes to the write-ahead journal beside
@@ -26,15 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from interceptor import InterceptionServer, ServerConfig, UpstreamConfig  # noqa: E402
 from interceptor.workers import ShardedServer  # noqa: E402
 
+# The switches of the code that is there only for speed: ServerConfig's three and UpstreamConfig's lean_client.
+ACCELERATORS = ("fast_lane", "lean_client", "tiktoken_twin", "suffix_writer")
+
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
-        upstream=UpstreamConfig(base_url=args.upstream),
+        upstream=UpstreamConfig(base_url=args.upstream, lean_client="lean_client" not in args.off),
         mode=args.mode,
         model_dir=args.model,
         admin_token=secrets.token_urlsafe(16),
         record_path=args.record,
         default_max_tokens=args.default_max_tokens,
+        **{name: False for name in args.off if name != "lean_client"},
     )
 
 
@@ -57,7 +62,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1, help="server processes (interceptor serve --workers)")
     parser.add_argument("--default-max-tokens", type=int, default=64,
                         help="max_tokens for requests that set none (bench_replay: the server's own default, as recorded)")
+    parser.add_argument("--off", default="", type=lambda text: [t for t in text.split(",") if t],
+                        help=f"accelerators to turn off, of {','.join(ACCELERATORS)}")
     args = parser.parse_args()
+    if unknown := set(args.off) - set(ACCELERATORS):
+        parser.error(f"no accelerator {sorted(unknown)}: they are {', '.join(ACCELERATORS)}")
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(serve(config_from_args(args), args.workers))
     return 0

@@ -7,4 +7,7 @@ any OpenAI-style API, over `http1`'s keep-alive pool; `replicas` pins each rollo
 Accelerator: the fast lane. Plain path: aiohttp. Flag: `ServerConfig.fast_lane`. Audit:
 `tests/interceptor/test_fast_lane.py` holds the two paths' answers equal (statuses, error bodies, events, the
 prompts the upstream sees).
+
+Accelerator: the lean HTTP/1.1 pool (`http1`). Plain path: aiohttp's client. Flag: `UpstreamConfig.lean_client`.
+Audit: `tests/interceptor/test_http1.py`.
 """

@@ -108,7 +108,7 @@ class UpstreamClient:
                 total=self.config.request_timeout_s, sock_connect=self.config.connect_timeout_s
             ),
         )
-        if lean_client_serves(self.config.root):  # the JSON calls (a generation per turn) take the lean path
+        if self.config.lean_client and lean_client_serves(self.config.root):  # the JSON calls take the lean path
             self._pool = Http1Pool(self.config.root, limit=self.config.max_connections,
                                    connect_timeout_s=self.config.connect_timeout_s)
         return self

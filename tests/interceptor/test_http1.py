@@ -226,3 +226,22 @@ async def test_the_upstream_client_takes_the_lean_path_for_plain_http_and_aiohtt
             [relayed] = await client.models()
     assert lean["agent"] == "" and lean["auth"] == ""  # no aiohttp User-Agent: the pool made the call
     assert "aiohttp" in relayed["agent"] and relayed["auth"].startswith("Basic ")
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "aiohttp"])
+async def test_the_upstream_client_takes_the_pool_unless_it_is_turned_off(lean):
+    # `UpstreamConfig.lean_client` (`interceptor serve --no-lean-client`): the switch the replay bench measures the
+    # pool by. aiohttp's client names itself in User-Agent; the pool sends no such header.
+    from interceptor import UpstreamConfig
+    from interceptor.transport.upstream import UpstreamClient
+
+    agents = []
+
+    async def models(request: web.Request) -> web.Response:
+        agents.append(request.headers.get("User-Agent"))
+        return web.json_response({"object": "list", "data": [{"id": "policy", "object": "model"}]})
+
+    async with App(models) as url, UpstreamClient(UpstreamConfig(base_url=url, lean_client=lean)) as client:
+        assert [m["id"] for m in await client.models()] == ["policy"]
+    assert len(agents) == 1
+    assert (agents[0] is None) == lean, agents

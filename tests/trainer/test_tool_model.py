@@ -6,9 +6,11 @@ model's own chat template; calls are parsed with the interceptor's own parser.""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
+import os
 import random
 import re
 from pathlib import Path
@@ -77,6 +79,24 @@ def _generate(trained, prompts: list[str], *, sample: bool = False, max_new_toke
             out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **options)
         texts += [tokenizer.decode(row, skip_special_tokens=False).replace(tokenizer.pad_token, "")
                   for row in out[:, batch["input_ids"].shape[1]:]]
+    return texts
+
+
+def _generate_after_common_prefix(trained, prompts: list[str], *, max_new_tokens: int = 40) -> list[str]:
+    """Greedy, as `_generate`, for prompts that share an agent's 6k-14k-token prompt: its keys and values are
+    computed once and each prompt goes on from a copy of them (padded batches of such prompts took minutes)."""
+    _, tokenizer, model = trained
+    rows = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+    common = min(len(os.path.commonprefix(rows)), min(map(len, rows)) - 1)
+    texts = []
+    with torch.no_grad():
+        shared = model(torch.tensor([rows[0][:common]]), use_cache=True).past_key_values
+        for row in rows:
+            out = model.generate(torch.tensor([row]), attention_mask=torch.ones(1, len(row), dtype=torch.long),
+                                 cache=copy.deepcopy(shared), max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=tokenizer.pad_token_id)
+            texts.append(tokenizer.decode(out[0, len(row):], skip_special_tokens=False)
+                         .replace(tokenizer.pad_token, ""))
     return texts
 
 
@@ -199,7 +219,7 @@ def test_the_model_calls_the_shell_tool_inside_the_agents_real_prompt(trained, a
     tasks = [HELD_OUT_TASKS[i % len(HELD_OUT_TASKS)].format(n=n) for i, n in enumerate(numbers)]
     prompts = [_prompt(trained[1], context.messages({"role": "user", "content": task}), list(context.tools))
                for task in tasks]
-    texts = _generate(trained, prompts)
+    texts = _generate_after_common_prefix(trained, prompts)
     assert sum(_calls_the_shell(text, context.shell) for text in texts) >= 14, texts
     assert sum(_submits(text, n, context.shell) for text, n in zip(texts, numbers)) >= 14, texts
 
@@ -219,8 +239,10 @@ def _step_and_alone(model, step: Step):
     with torch.no_grad():
         ours, labels = _target_logits(model, inputs, outputs, step, pad_id=model.config.pad_token_id)
         alone = []
-        for episode in step.agents:
-            logits = model(torch.tensor([episode.ids])).logits[0, :-1][torch.tensor(episode.mask[1:])][:, used]
+        for episode in step.agents:  # the served model's logits at the targets, over the used rows only (the lm_head
+            # of ~14k positions over the whole vocabulary is gigabytes, and every other row is zero)
+            hidden = model.model(torch.tensor([episode.ids])).last_hidden_state[0, :-1]
+            logits = hidden[torch.tensor(episode.mask[1:])] @ model.lm_head.weight[used].T
             alone.append(torch.cat([logits, logits.new_full((len(logits), 1), math.log(frozen))], dim=1))
     return scored(ours, labels), scored(torch.cat(alone), labels)
 

@@ -25,16 +25,20 @@ __all__ = ["DecodeBatch", "next_token_logits", "prefill"]
 Row = TypeVar("Row")
 
 
-def prefill(model: PreTrainedModel, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
-    """Run a prompt alone through the decoder; return its last hidden states [1, P, H] and its KV cache.
+def prefill(
+    model: PreTrainedModel, prompt_ids: Sequence[int], cached: tuple[int, DynamicCache] | None = None,
+) -> tuple[torch.Tensor, DynamicCache]:
+    """Run a prompt alone through the decoder; return its last hidden states [1, P, H] and its KV cache. With
+    `cached` (a length and a cache holding the prompt's first that many tokens: `prefix_cache.py`), only the rest
+    is run, and the hidden states are those of the rest's positions.
 
     Logits are the output embedding of a hidden state, as the causal LM computes them (`lm_head(hidden)` in Qwen,
     Llama, Mistral; a model that scales or caps logits after its head is not served correctly): take them with
     `next_token_logits`, or a chunk of positions at a time for prompt logprobs, so that the full [P, vocabulary]
     logits never exist (7k positions x 151k tokens x 4 bytes = 4.3 GB per copy)."""
-    cache = DynamicCache()
+    start, cache = cached if cached is not None else (0, DynamicCache())
     output = model.get_decoder()(
-        input_ids=torch.tensor([list(prompt_ids)], device=model.device), past_key_values=cache, use_cache=True
+        input_ids=torch.tensor([list(prompt_ids[start:])], device=model.device), past_key_values=cache, use_cache=True
     )
     return output.last_hidden_state, cache
 

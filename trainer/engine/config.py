@@ -30,6 +30,9 @@ class EngineConfig:
     # vocabulary 256 positions make ~155 MB per [positions, vocabulary] tensor, where a 7k-token prompt at once
     # took ~17 GB. Results do not depend on it, down to a few rows (a one-row product rounds differently).
     prompt_logprobs_chunk: int = 256
+    # Keys and values of recent prompts kept for prompts that start with them (an agent's next turn:
+    # `prefix_cache.py`; vLLM's automatic prefix caching); 0 turns it off.
+    prefix_cache_mib: int = 512
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N" (vLLM's --device); a CUDA device must exist when it starts
     dtype: str = "float32"  # the weights' dtype (vLLM's --dtype); logits are taken in float32 whatever it is
 
@@ -53,6 +56,8 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.prefix_cache_mib < 0:
+            raise ValueError(f"prefix_cache_mib must be non-negative, got {self.prefix_cache_mib}")
         if self.prompt_logprobs_chunk < 1:
             raise ValueError(f"prompt_logprobs_chunk must be at least 1, got {self.prompt_logprobs_chunk}")
 

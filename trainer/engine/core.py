@@ -17,6 +17,7 @@ from trainer.engine.config import EngineConfig
 from trainer.engine.errors import EngineStopped
 from trainer.engine.generation import GenerationRequest, GenerationResult, GenerationStream
 from trainer.engine.model import PolicyModel, load_policy, read_safetensors_dir
+from trainer.engine.prefix_cache import PrefixCache
 from trainer.engine.sampling import SamplingParams
 from trainer.engine.worker import PauseMode, Worker
 
@@ -49,6 +50,7 @@ class EngineCore:
             threads=self.config.threads,
             seed=self.config.seed,
             prompt_logprobs_chunk=self.config.prompt_logprobs_chunk,
+            prefix_cache_bytes=self.config.prefix_cache_mib * 2**20,
         )
         self._worker.start()
         return self
@@ -87,6 +89,11 @@ class EngineCore:
     @property
     def active_requests(self) -> int:
         return self._running().active_requests
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        """The recent prompts' keys and values (`prefix_cache.py`): its `hits` and `reused_tokens` say what it saved."""
+        return self._running().prefixes
 
     @property
     def peak_batch_size(self) -> int:

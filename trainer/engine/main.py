@@ -24,6 +24,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         logprobs_mode=args.logprobs_mode,
         max_batch_size=args.max_batch_size,
+        prefix_cache_mib=args.prefix_cache_mib,
         threads=args.threads,
         device=args.device,
         dtype=args.dtype,

@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 
 from trainer.engine.batch import DecodeBatch, next_token_logits, prefill
+from trainer.engine.prefix_cache import PrefixCache
 from trainer.engine.config import LogprobsMode
 from trainer.engine.errors import EngineError, EngineStopped, GenerationFailed
 from trainer.engine.generation import Finish, GenerationStream, PromptLogprobs, TokenUpdate
@@ -96,6 +97,7 @@ class Worker:
         threads: int,
         seed: int,
         prompt_logprobs_chunk: int,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self._policy = policy
         self._loop = loop
@@ -104,6 +106,7 @@ class Worker:
         self._logprobs_mode = logprobs_mode
         self._threads = threads
         self._prompt_logprobs_chunk = prompt_logprobs_chunk
+        self.prefixes = PrefixCache(prefix_cache_bytes)  # read by tests and benchmarks (hits, reused_tokens)
         self._shared_generator = torch.Generator().manual_seed(seed)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
@@ -254,8 +257,10 @@ class Worker:
     def _prefill(self, seq: _Sequence) -> None:
         request = seq.stream.request
         model = self._policy.model
-        hidden, cache = prefill(model, request.prompt_ids)
-        if request.params.prompt_logprobs is not None:
+        whole = request.params.prompt_logprobs is not None  # every position's hidden state is wanted
+        hidden, cache = prefill(model, request.prompt_ids, None if whole else self.prefixes.lookup(request.prompt_ids))
+        self.prefixes.add(request.prompt_ids, cache)
+        if whole:
             targets = torch.tensor(request.prompt_ids[1:], device=hidden.device)
             entries = prompt_logprobs(
                 model.get_output_embeddings(), hidden[0, :-1], targets, request.params.prompt_logprobs,
@@ -347,6 +352,7 @@ class Worker:
 
     def _update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         apply_weights(self._policy.model, named_tensors)
+        self.prefixes.clear()  # keys and values of the old weights
         self.weight_version += 1
         return self.weight_version
 
