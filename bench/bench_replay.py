@@ -2,6 +2,7 @@
 
     python -m bench.replay.record                     # once: the corpus (real agents, ~30 min; not committed)
     python bench/bench_replay.py [--sessions 96,192,384] [--timing realistic,instant] [--slice-s 20] [--slices 3]
+                                 [--settle-s 5]
                                  [--targets direct,black_box,gate] [--gate-workers 2] [--pin 0:1] [--json OUT]
                                  [--gate-off fast_lane,lean_client,tiktoken_twin,suffix_writer]
 
@@ -27,7 +28,9 @@ Upstream timing (`--timing`): `realistic`: every answer takes prefill of the tok
 previous turn at `--prefill-tps` plus decode of the reply at `--decode-tps` (one request's share of a busy policy
 server), and the agent's recorded think time is kept; `instant`: answers at once and no think time (what a process
 can do at most). Each N is measured in `--slices` slices of `--slice-s` per target, the targets taking turns (the
-others' copies wait and think no further), so machine noise hits them alike. Reported per target: turns/s and
+others' copies wait and think no further), so machine noise hits them alike; a slice is measured after `--settle-s`
+(the copies whose answers came while it waited all go on at once: a burst no steady run has). Turns that start in
+a measured window give the latencies; those that end in one, the turns/s. Reported per target: turns/s and
 input tokens/s; capture cost (1 - its turns/s over `direct`'s in the same run, and from its mean added time per turn
 by Little's law: added / (N / direct's turns/s + added), steadier over short slices); added latency p50/p99 per
 turn (its time for a request minus `direct`'s median for the same request) at contexts around 8k, 32k, 100k and
@@ -79,6 +82,10 @@ class Turn:
     seconds: float
     ok: bool
     at: float  # when it ended (perf_counter)
+
+    @property
+    def started(self) -> float:
+        return self.at - self.seconds
 
 
 @dataclass
@@ -241,10 +248,11 @@ async def set_timing(http: aiohttp.ClientSession, url: str, prefill: float, deco
         return await response.json()
 
 
-def figures(name: str, turns: list[Turn], seconds: float, cpu: float, direct_median: dict) -> dict:
+def figures(name: str, turns: list[Turn], done: int, seconds: float, cpu: float, direct_median: dict) -> dict:
+    """`turns`: those started in the measured windows (latency); `done`: how many ended in them (throughput)."""
     ok = [t for t in turns if t.ok]
-    row = {"turns_per_s": round(len(ok) / seconds, 1),
-           "input_tokens_per_s": round(sum(t.prompt_tokens for t in ok) / seconds),
+    row = {"turns_per_s": round(done / seconds, 1),
+           "input_tokens_per_s": round(sum(t.prompt_tokens for t in ok) / max(1, len(ok)) * done / seconds),
            "errors": len(turns) - len(ok),
            "cpu_ms_per_turn": round(cpu / max(1, len(ok)) * 1e3, 2) if name != "direct" else None}
     every = [t.seconds - direct_median[(t.session, t.index)] for t in ok if (t.session, t.index) in direct_median]
@@ -288,6 +296,7 @@ async def measure(args, sessions: list[Session], url: str, targets: dict) -> dic
                 if realistic:
                     await set_timing(http, url, args.prefill_tps, args.decode_tps)
                 active_s: dict[str, float] = defaultdict(float)
+                windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
                 cpu: dict[str, float] = defaultdict(float)
                 for population in populations.values():
                     population.turns = []
@@ -295,18 +304,26 @@ async def measure(args, sessions: list[Session], url: str, targets: dict) -> dic
                 for s in range(args.slices):
                     for name in _rotated(list(populations), s):
                         population, pid = populations[name], targets[name][1]
+                        population.run(True)
+                        # what was answered while it waited goes on at once: measured after it has settled
+                        await asyncio.sleep(args.settle_s)
                         before = cpu_seconds(pid) if pid else 0.0
                         started = time.perf_counter()
-                        population.run(True)
                         await asyncio.sleep(args.slice_s)
-                        population.run(False)
-                        active_s[name] += time.perf_counter() - started
+                        ended = time.perf_counter()
                         cpu[name] += (cpu_seconds(pid) - before) if pid else 0.0
+                        population.run(False)
+                        windows[name].append((started, ended))
+                        active_s[name] += ended - started
                 live_rss = {name: rss(pid) for name, (_, pid) in targets.items() if pid}
+                for name, population in populations.items():  # turns started inside its measured windows
+                    population.turns = [t for t in population.turns
+                                        if any(a <= t.started < b for a, b in windows[name])]
                 direct_median = _medians(populations["direct"].turns)
                 table = {}
                 for name, population in populations.items():
-                    table[name] = figures(name, population.turns, active_s[name], cpu[name], direct_median)
+                    done = sum(t.ok and any(a <= t.at <= b for a, b in windows[name]) for t in population.turns)
+                    table[name] = figures(name, population.turns, done, active_s[name], cpu[name], direct_median)
                     if name != "direct" and table["direct"]["turns_per_s"]:
                         table[name]["capture_cost"] = round(1 - table[name]["turns_per_s"] / table["direct"]["turns_per_s"], 4)
                         # Little's law: N copies, each a turn per cycle (its think, the model's time, what the
@@ -351,6 +368,8 @@ def main() -> int:
     parser.add_argument("--prefill-tps", type=float, default=10_000.0, help="realistic: prefill tokens/s")
     parser.add_argument("--decode-tps", type=float, default=60.0, help="realistic: decode tokens/s per request")
     parser.add_argument("--slice-s", type=float, default=20.0)
+    parser.add_argument("--settle-s", type=float, default=5.0,
+                        help="seconds of each slice before it is measured (copies answered while paused go on at once)")
     parser.add_argument("--slices", type=int, default=3)
     parser.add_argument("--pin", help="A:B: this process and the model on cores A, the targets on cores B")
     parser.add_argument("--model", help="model directory (default: the tiny model with the real Qwen vocabulary)")
