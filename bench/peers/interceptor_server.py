@@ -4,6 +4,7 @@
     python bench/peers/interceptor_server.py --mode black_box --upstream URL
     python bench/peers/interceptor_server.py ... --workers 2     # N worker processes behind one admin front
     python bench/peers/interceptor_server.py ... --off fast_lane  # an accelerator (or several) off
+    BENCH_PROFILE=DIR python bench/peers/interceptor_server.py ...  # cProfile it: DIR/<mode>-<pid>.prof at stop
 
 Prints {"url": ..., "admin_token": ...} on one line once it listens, and serves until SIGTERM. Rollouts are opened
 with `POST /rollouts` (see interceptor/admin.py). With `--record`, every turn goes to the write-ahead journal beside
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -68,7 +70,14 @@ def main() -> int:
     if unknown := set(args.off) - set(ACCELERATORS):
         parser.error(f"no accelerator {sorted(unknown)}: they are {', '.join(ACCELERATORS)}")
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(serve(config_from_args(args), args.workers))
+    if not (profile := os.environ.get("BENCH_PROFILE")):
+        asyncio.run(serve(config_from_args(args), args.workers))
+        return 0
+    import cProfile  # a diagnostic: BENCH_PROFILE=DIR writes DIR/<mode>-<pid>.prof when the server stops
+
+    with cProfile.Profile() as profiler:
+        asyncio.run(serve(config_from_args(args), args.workers))
+    profiler.dump_stats(Path(profile) / f"{args.mode}-{os.getpid()}.prof")
     return 0
 
 
