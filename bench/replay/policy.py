@@ -54,8 +54,12 @@ def prompt_key(prompt: list[int], turn_mark: int) -> str:
     messages = prompt.count(turn_mark)
     # before the first tool output the tail is the agent's own text (Claude Code's environment block), alike across
     # sessions: the whole prompt then (short) tells them apart
-    key = prompt if messages <= FIRST_MESSAGES else prompt[-KEY_IDS:]
-    return f"{len(prompt)}:{messages}:{hashlib.blake2b(orjson.dumps(key), digest_size=12).hexdigest()}"
+    return key_of(len(prompt), messages, prompt if messages <= FIRST_MESSAGES else prompt[-KEY_IDS:])
+
+
+def key_of(length: int, messages: int, ids: list[int]) -> str:
+    """`prompt_key` from its parts: the ids are the whole prompt or its last KEY_IDS, as `prompt_key` chooses."""
+    return f"{length}:{messages}:{hashlib.blake2b(orjson.dumps(ids), digest_size=12).hexdigest()}"
 
 
 @dataclass

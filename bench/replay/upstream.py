@@ -16,7 +16,6 @@ With `REPLAY_MISSES=FILE`, the tail of each prompt not found is appended to FILE
 from __future__ import annotations
 
 import argparse
-import hashlib
 import asyncio
 import os
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.peers.serving import serve_until_stopped  # noqa: E402
 from bench.replay.corpus import ModelTiming, load_corpus, request_key  # noqa: E402
-from bench.replay.policy import FIRST_MESSAGES, KEY_IDS, TURN_MARK, prompt_key  # noqa: E402
+from bench.replay.policy import FIRST_MESSAGES, KEY_IDS, TURN_MARK, key_of, prompt_key  # noqa: E402
 
 
 class ReplayModel:
@@ -104,8 +103,7 @@ class ReplayModel:
         messages = (b"," + inner + b",").count(b",%d," % self.turn_mark)
         if messages <= FIRST_MESSAGES:
             return prompt_key(orjson.loads(b"[" + inner + b"]"), self.turn_mark), length
-        tail = [int(x) for x in inner.rsplit(b",", KEY_IDS)[-KEY_IDS:]]
-        return f"{length}:{messages}:{hashlib.blake2b(orjson.dumps(tail), digest_size=12).hexdigest()}", length
+        return key_of(length, messages, [int(x) for x in inner.rsplit(b",", KEY_IDS)[-KEY_IDS:]]), length
 
     async def recorded(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()

@@ -64,6 +64,8 @@ class PrefixCache:
         entry = _Entry(list(ids), cache)
         if entry.nbytes > self.budget_bytes:
             return
+        for key in [k for k, old in self._entries.items() if _shared_prefix(old.ids, entry.ids) == len(old.ids)]:
+            self._bytes -= self._entries.pop(key).nbytes  # a prefix of this prompt: everything it offers, this does
         self._serial += 1
         self._entries[self._serial] = entry
         self._bytes += entry.nbytes
