@@ -7,7 +7,8 @@ parsed objects as before. Only the bytes after them are parsed: `[0` + the rest 
 fields after the array changed too, `{"messages":[0` + the rest of the body (the fields before the array lie in
 the identical prefix, so their values are the recent body's). When nothing outside the array changed, every
 other field is the same object as before (the tool list among them), so a dialect may reuse what it derived
-from them (`ParsedBody.same_rest`).
+from them (`ParsedBody.same_rest`). "Changed" is by value, types included: Codex writes its `client_metadata`
+map in a new key order every request, and its conversion would otherwise start over every turn.
 
 A body is not kept, only a digest of its bytes up to each of those boundaries (`digests.py`) and of the bytes
 after its array: the message
@@ -70,6 +71,12 @@ class _State:
     rest: dict  # every field but the array, as the whole body parses them
     chain: array  # of "q"; chain[i]: hash of the bytes before the array and of its first i elements
     derived: object = None
+    rest_digest: bytes | None = None  # of `rest` written with sorted keys, once a body's tail bytes differed
+
+    def digest_of_rest(self) -> bytes:
+        if self.rest_digest is None:
+            self.rest_digest = _canonical_digest(self.rest)
+        return self.rest_digest
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -159,6 +166,7 @@ class BodyCache:
         old = state.layout
         tail = _tail(raw, close)
         same_rest = tail == state.tail
+        rest_digest = state.rest_digest
         if same_rest:
             added = orjson.loads(b"[0" + raw[boundary: close + 1])
             rest = state.rest
@@ -168,6 +176,9 @@ class BodyCache:
             after = orjson.loads(b"{" + self._key_token + b":[0" + raw[boundary:])
             added = after.pop(self._key)
             rest = {**state.head, **after}
+            rest_digest = _canonical_digest(rest)
+            if rest_digest == state.digest_of_rest():  # the same values, another key order (Codex's metadata map)
+                rest, same_rest = state.rest, True
         added = added[1:]
         if len(added) != len(new_ends):
             return None  # an element that is not an object: the dialect will say so after a whole parse
@@ -175,7 +186,7 @@ class BodyCache:
         layout = _Layout(start=old.start, ends=old.ends[:reused] + new_ends, close=close)
         chain = _extend_chain(state.chain[: reused + 1], raw, layout, reused)
         new_state = _State(prefixes=_prefixes(raw, layout.ends), tail=tail, layout=layout,
-                           elements=elements, head=state.head, rest=rest, chain=chain)
+                           elements=elements, head=state.head, rest=rest, chain=chain, rest_digest=rest_digest)
         body = {**rest, self._key: elements}
         return ParsedBody(body=body, reused=reused, same_rest=same_rest, previous=state.derived,
                           fingerprint=_fingerprint(raw, new_state), _state=new_state, _source=state)  # fmt: skip
@@ -193,6 +204,12 @@ def _matching_elements(state: _State, raw: bytes) -> int:
 
 def _digest(raw: bytes, end: int) -> bytes:
     return digest(memoryview(raw)[:end])
+
+
+def _canonical_digest(value: dict) -> bytes:
+    """Equal for two values that are the same JSON whatever their objects' key order, and unequal where a value's
+    type differs (`1`, `1.0` and `true` are written apart; Python's `==` would hold them equal)."""
+    return digest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
 
 
 def _tail(raw: bytes, close: int) -> tuple[int, bytes]:

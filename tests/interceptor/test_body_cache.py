@@ -168,3 +168,24 @@ def test_any_sequence_of_bodies_reads_like_orjson_with_a_fingerprint_of_the_byte
         assert parsed.fingerprint == BodyCache().read(raw).fingerprint
         assert 0 <= parsed.reused <= len(parsed.body["messages"])
         cache.keep(parsed, i)
+
+
+@pytest.mark.parametrize("before, after, same", [
+    ({"meta": {"a": 1, "b": 2}}, {"meta": {"b": 2, "a": 1}}, True),  # another key order: the same values
+    ({"meta": {"a": 1}}, {"meta": {"a": True}}, False),  # Python holds 1 == True; JSON does not
+    ({"meta": {"a": 1}}, {"meta": {"a": 1.0}}, False),
+    ({"meta": {"a": 1}}, {"meta": {"a": 1, "b": None}}, False),
+])
+def test_fields_after_the_history_are_the_same_rest_only_when_their_values_are(before, after, same):
+    cache = BodyCache()
+    history = conversation(2)
+    first = cache.read(orjson.dumps({"messages": history, "tools": TOOLS, **before}))
+    cache.keep(first, "first")
+    raw = orjson.dumps({"messages": history + [{"role": "user", "content": "next"}], "tools": TOOLS, **after})
+    parsed = cache.read(raw)
+    assert parsed.reused == len(history) and parsed.same_rest is same
+    expected = orjson.loads(raw)
+    sorted_keys = orjson.OPT_SORT_KEYS
+    assert orjson.dumps(parsed.body, option=sorted_keys) == orjson.dumps(expected, option=sorted_keys)  # types too
+    if same:
+        assert parsed.body["tools"] is first.body["tools"]  # what the dialect derived from them still holds

@@ -59,10 +59,12 @@ def messages_bodies() -> list[dict]:
 def responses_bodies() -> list[dict]:
     items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix it."}]}]
     bodies = []
+    ids = [("thread_id", "t1"), ("turn_id", "u1"), ("session_id", "t1")]
     for turn in range(5):
+        metadata = dict(ids[turn % 3:] + ids[:turn % 3])  # Codex writes this map in a new key order every request
         bodies.append({"model": "gpt", "instructions": "You are Codex.", "input": copy.deepcopy(items),
                        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}],
-                       "stream": True, "store": False})
+                       "stream": True, "store": False, "client_metadata": metadata})
         call = {"type": "function_call", "call_id": f"k{turn}", "name": "exec_command", "arguments": '{"cmd": "ls"}'}
         output = {"type": "function_call_output", "call_id": f"k{turn}", "output": f"out {turn}"}
         if turn % 2:  # Codex's turns: reasoning, a message, its calls (which join that message), their outputs
@@ -114,6 +116,20 @@ def test_an_incremental_read_says_which_earlier_messages_it_carries_and_they_are
             assert chat.carried == (None, 0)
         previous = chat
     assert carried_some
+
+
+def test_codex_fields_written_in_a_new_key_order_each_turn_still_carry_the_history():
+    """Codex's `client_metadata` comes in a new key order every request: the same values, so the conversion resumes
+    where the last request's ended (it used to start over, a cost that grew with the session)."""
+    cache = BodyCache("input")
+    bodies = responses_bodies()
+    for number, body in enumerate(bodies):
+        raw = orjson.dumps(body)
+        parsed, chat = _parse(RESPONSES, cache, raw, False)
+        cache.keep(parsed, chat)
+        if number:
+            assert parsed.same_rest and chat.carried[1] > 0
+        assert chat == RESPONSES.parse(orjson.loads(raw))
 
 
 def test_messages_elements_are_reused_up_to_the_block_whose_cache_control_moved():
