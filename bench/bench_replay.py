@@ -288,11 +288,13 @@ async def measure(args, sessions: list[Session], url: str, targets: dict) -> dic
                            for name, (target, _) in targets.items()}
             for n in (int(x) for x in args.sessions.split(",")):
                 await set_timing(http, url, 0, 0)
-                for name, population in populations.items():  # warm each target alone, then pause it
+                for name, population in populations.items():  # warm each target alone, paused
                     population.measuring = False
-                    population.run(True)
-                    await population.grow(n)
+                    # Warm requests are sent paused; a copy at its depth waits there. (Run while the others
+                    # warmed, early copies went on at the instant model's pace to their sessions' ends: a first
+                    # slice then held ~3x the finished rollouts of a steady run, each a ~40 ms sample build.)
                     population.run(False)
+                    await population.grow(n)
                 if realistic:
                     await set_timing(http, url, args.prefill_tps, args.decode_tps)
                 active_s: dict[str, float] = defaultdict(float)
